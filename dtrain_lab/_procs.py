@@ -70,24 +70,26 @@ def job_processes(job_id: str, root_pid: int | None = None, since: float = 0.0) 
 
 
 def kill_job(job_id: str, popen=None, since: float = 0.0, rounds: int = 20) -> int:
-    """SIGKILL every process of the job until none is left; returns how many were killed."""
+    """SIGKILL every process of the job until none is left; returns how many were alive to kill."""
     killed = 0
     root_pid = popen.pid if popen is not None else None
     for _ in range(rounds):
+        procs = job_processes(job_id, root_pid, since)
         if popen is not None and popen.poll() is None:
             try:
                 os.killpg(popen.pid, signal.SIGKILL)  # torchrun leads its own session / group
             except (ProcessLookupError, PermissionError):
                 pass
-        procs = job_processes(job_id, root_pid, since)
         if not procs:
             break
         for p in procs:
             try:
                 p.kill()
-                killed += 1
+            except psutil.NoSuchProcess:
+                pass  # already gone by killpg: it was alive when found, so it counts
             except psutil.Error:
-                pass
+                continue
+            killed += 1
         psutil.wait_procs(procs, timeout=1.0)
     if popen is not None:
         try:

@@ -8,6 +8,7 @@ called it.
 """
 from __future__ import annotations
 
+import linecache
 import re
 from dataclasses import dataclass, field
 
@@ -98,8 +99,10 @@ def wait_site(stack_text: str) -> WaitSite | None:
             break
     user = next((f for f in frames if not _is_library(f)), frames[0])
     if call is None:
+        # not in torch.distributed: name the statement the rank is executing (a C call such as
+        # time.sleep has no Python frame of its own, so its caller's line is the best evidence)
         inner = frames[0]
-        call = inner.func if inner is not user else f"{inner.func} (user code)"
+        call = linecache.getline(inner.file, inner.line).strip() or inner.func
     return WaitSite(call=call, where=user.short, frames=frames)
 
 

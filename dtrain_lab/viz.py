@@ -1,0 +1,175 @@
+"""Plots, source display and widgets for the lessons, in the learner's language.
+
+Chinese labels need a CJK font. :func:`setup_fonts` looks for one (Noto/Source Han, WenQuanYi,
+PingFang, Microsoft YaHei, ...), puts it first in matplotlib's sans-serif list with DejaVu Sans
+behind it for glyphs it lacks, and if none exists says so once and makes :func:`label` return the
+English text: a plot never shows empty boxes.
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+
+from .i18n import get_lang, tr
+
+CJK_FONTS = (
+    "Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC", "Source Han Sans CN",
+    "WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "PingFang SC", "Hiragino Sans GB", "Heiti SC",
+    "STHeiti", "Microsoft YaHei", "SimHei", "Arial Unicode MS",
+)
+
+_font: str | None = None
+_checked = False
+_warned = False
+
+
+def find_cjk_font(rescan: bool = True) -> str | None:
+    from matplotlib import font_manager
+
+    def scan() -> str | None:
+        names = {f.name for f in font_manager.fontManager.ttflist}
+        return next((n for n in CJK_FONTS if n in names), None)
+
+    found = scan()
+    if found is None and rescan:
+        # matplotlib caches its font list; a font installed after the cache was built is unseen
+        font_manager.fontManager = font_manager._load_fontmanager(try_read_cache=False)
+        found = scan()
+    return found
+
+
+def setup_fonts() -> str | None:
+    """Configure matplotlib for Chinese labels; returns the CJK font used, or None."""
+    global _font, _checked
+    if _checked:
+        return _font
+    import matplotlib
+
+    _font = find_cjk_font()
+    _checked = True
+    if _font:
+        matplotlib.rcParams["font.sans-serif"] = [_font, "DejaVu Sans"]
+        matplotlib.rcParams["font.family"] = "sans-serif"
+        matplotlib.rcParams["axes.unicode_minus"] = False  # some CJK fonts lack U+2212
+    return _font
+
+
+def cjk_available() -> bool:
+    return setup_fonts() is not None
+
+
+def label(en: str, zh: str) -> str:
+    """The plot label in the learner's language; English if Chinese cannot be drawn here."""
+    global _warned
+    if get_lang() != "zh":
+        return en
+    if cjk_available():
+        return zh
+    if not _warned:
+        warnings.warn(tr("no_cjk_font"), stacklevel=2)
+        _warned = True
+    return en
+
+
+def new_figure(*args, **kwargs):
+    import matplotlib.pyplot as plt
+
+    setup_fonts()
+    return plt.subplots(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------ source display
+def source(obj) -> str:
+    return inspect.getsource(obj)
+
+
+def show(obj) -> None:
+    """Display ``obj``'s source with syntax colouring (HTML in a notebook, plain text elsewhere)."""
+    text = source(obj)
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+
+        if get_ipython() is not None:
+            from pygments import highlight
+            from pygments.formatters import HtmlFormatter
+            from pygments.lexers import PythonLexer
+
+            html = highlight(text, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True))
+            # text/plain alongside, for terminals and for nbval's comparison
+            display({"text/html": html, "text/plain": text}, raw=True)
+            return
+    except ImportError:
+        pass
+    print(text)
+
+
+# ------------------------------------------------------------------------------------ lesson plots
+def plot_bandwidth(rows: list[dict], world_size: int, backend: str, ax=None):
+    """busbw against message size, one line per operation, from measured rows."""
+    if ax is None:
+        _, ax = new_figure(figsize=(7, 4))
+    ops = sorted({r["op"] for r in rows}, key=[r["op"] for r in rows].index)
+    for op in ops:
+        pts = sorted((r["bytes"], r["busbw"]) for r in rows if r["op"] == op)
+        ax.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], marker="o", label=op)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(label("message size (bytes)", "消息大小（字节）"))
+    ax.set_ylabel(label("bus bandwidth (MB/s)", "总线带宽（MB/s）"))
+    ax.set_title(label(f"measured on this machine: {world_size} ranks, {backend}",
+                       f"本机实测：{world_size} 个 rank，{backend}"))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return ax
+
+
+def plot_alpha_beta(alpha: float, beta: float, p_values=(2, 4, 8, 16), max_bytes: float = 2 ** 30, ax=None):
+    """Predicted ring all-reduce time against message size for several world sizes."""
+    from .perfmodel import collective_time
+
+    if ax is None:
+        _, ax = new_figure(figsize=(7, 4))
+    sizes = [2.0 ** k for k in range(4, int(max_bytes).bit_length())]
+    for p in p_values:
+        ax.plot(sizes, [collective_time("all_reduce", n, p, alpha, beta) for n in sizes], label=f"p={p}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(label("message size n (bytes)", "消息大小 n（字节）"))
+    ax.set_ylabel(label("predicted time (s)", "预测耗时（秒）"))
+    ax.set_title(label("ring all-reduce, α-β model", "环形 All-Reduce 的 α-β 模型"))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return ax
+
+
+def alpha_beta_calculator():
+    """An ipywidgets calculator around :func:`dtrain_lab.perfmodel.collective_time`."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    from .perfmodel import busbw_factor, collective_time, human_bytes
+
+    op = w.Dropdown(options=["all_reduce", "reduce_scatter", "all_gather", "broadcast"], value="all_reduce",
+                    description="op")
+    algo = w.Dropdown(options=["ring", "naive"], value="ring", description=label("algorithm", "算法"))
+    p = w.IntSlider(value=8, min=2, max=1024, description="p")
+    log_n = w.FloatSlider(value=27, min=10, max=34, step=0.5, description="log2 n")
+    alpha_us = w.FloatLogSlider(value=5, base=10, min=-1, max=3, description="α (µs)")
+    bw_gbs = w.FloatLogSlider(value=100, base=10, min=-1, max=3, description="1/β (GB/s)")
+    out = w.Output()
+
+    def update(*_):
+        n = 2 ** log_n.value
+        t = collective_time(op.value, n, p.value, alpha_us.value * 1e-6, 1 / (bw_gbs.value * 1e9), algo.value)
+        out.clear_output()
+        with out:
+            print(f"n = {human_bytes(n)}, p = {p.value}: T = {t * 1e3:.4g} ms; "
+                  f"busbw factor = {busbw_factor(op.value, p.value):.3f}")
+
+    for widget in (op, algo, p, log_n, alpha_us, bw_gbs):
+        widget.observe(update, "value")
+    update()
+    box = w.VBox([w.HBox([op, algo]), p, log_n, alpha_us, bw_gbs, out])
+    display(box)
+    return box

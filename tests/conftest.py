@@ -1,0 +1,61 @@
+"""Shared test helpers. Multi-process tests launch through dtrain_lab.launch (one launch, many
+checks) and every one of them has a timeout (pytest-timeout; see pyproject.toml)."""
+import os
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+import dtrain_lab
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+def processes_with_tag(tag: str) -> list[psutil.Process]:
+    """Live processes whose environment carries ``DTRAIN_TEST_TAG=tag``."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get("DTRAIN_TEST_TAG") == tag \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def assert_no_survivors(tag: str, grace: float = 3.0) -> None:
+    deadline = time.monotonic() + grace
+    while True:
+        left = processes_with_tag(tag)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, f"processes survived the job: {[(p.pid, p.cmdline()[:4]) for p in left]}"
+
+
+@pytest.fixture
+def tag() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def run():
+    """launch() with a unique tag in the ranks' environment; checks no process survives."""
+    tags = []
+
+    def _run(target, *a, env=None, **kw):
+        t = uuid.uuid4().hex
+        tags.append(t)
+        env = dict(env or {}, DTRAIN_TEST_TAG=t)
+        kw.setdefault("quiet", True)
+        result = dtrain_lab.launch(str(target), *a, env=env, **kw)
+        result.tag = t
+        return result
+
+    yield _run
+    for t in tags:
+        assert_no_survivors(t)

@@ -1,0 +1,150 @@
+"""The launcher: success, crash, hangs (run and start-up), interrupt, kernel death, concurrency,
+hostile programs; and no process of a job survives any of them."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import dtrain_lab
+from conftest import WORKERS, assert_no_survivors, processes_with_tag
+from dtrain_lab.i18n import LabError
+
+HOSTILE = str(WORKERS / "hostile.py")
+
+
+@pytest.mark.timeout(120)
+def test_crash_of_one_rank_is_reported(run):
+    r = run("dtrain_lab.demos.crash", nproc=2, timeout=60)
+    assert not r.ok and not r.hung and r.returncode != 0
+    assert r.first_failure == 1
+    assert r.exception == "ValueError: bad batch at step 2 on rank 1"
+    assert r.ranks[1].traceback and "crash.py" in r.ranks[1].traceback
+    # rank 0 fails after it, in its next collective, because its peer is gone
+    assert r.ranks[0].exception and r.ranks[0].exception.startswith("RuntimeError")
+    assert r.metrics[0]["step"] == 1 and r.metrics[1]["step"] == 1
+    summary = r.summary("en")
+    assert "first failing rank: 1" in summary and "ValueError" in summary
+    assert "最先出错的 rank：1" in r.summary("zh")
+
+
+@pytest.mark.timeout(120)
+def test_hang_is_reported_with_every_ranks_wait_site(run):
+    timeout = 4.0
+    t0 = time.monotonic()
+    r = run("dtrain_lab.demos.hang", nproc=2, timeout=timeout)
+    wall = time.monotonic() - t0
+    assert r.hung and not r.ok and r.phase == "run"
+    assert r.startup is not None and wall <= r.startup + timeout + 15
+    assert r.waiting[0].call == "all_reduce" and "hang.py" in r.waiting[0].where
+    assert "in evaluate" in r.waiting[0].where
+    assert r.waiting[1].call == "barrier" and "in main" in r.waiting[1].where
+    s = r.summary("en")
+    assert "rank 0 is waiting in all_reduce" in s and "rank 1 is waiting in barrier" in s
+    assert "rank 0 卡在 all_reduce" in r.summary("zh")
+    assert r.killed >= 3  # torchrun and both ranks had to be killed
+    assert "never printed" not in r.output[1]
+
+
+@pytest.mark.timeout(120)
+def test_hang_in_a_program_that_never_imports_dtrain_lab(run):
+    r = run(HOSTILE, nproc=2, args=["recv_recv"], timeout=3)
+    assert r.hung and r.phase == "run"
+    for rank in (0, 1):
+        assert r.waiting[rank].call == "recv", r.stacks[rank]
+        assert "hostile.py" in r.waiting[rank].where
+
+
+@pytest.mark.timeout(120)
+def test_startup_hang_has_its_own_limit(run):
+    r = run(HOSTILE, nproc=2, args=["never_init"], timeout=100, startup_timeout=12)
+    assert r.hung and r.phase == "startup" and r.startup is None
+    assert r.elapsed < 12 + 15
+    assert "start-up" in r.summary("en") and "启动阶段" in r.summary("zh")
+    assert r.waiting[1] is not None and "sleep" in r.waiting[1].call
+
+
+@pytest.mark.timeout(120)
+def test_orphans_flood_os_exit_and_args(run):
+    daemon = run(HOSTILE, nproc=2, args=["fork_daemon"], timeout=60)
+    assert daemon.ok, daemon.summary()
+    assert daemon.killed >= 2          # the two setsid daemons were found and killed
+    assert not processes_with_tag(daemon.tag)
+
+    flood = run(HOSTILE, nproc=2, args=["flood"], timeout=60, max_output_lines=500)
+    assert flood.ok and all(x.truncated for x in flood.ranks)
+    assert flood.output[0].count("\n") == 500
+
+    gone = run(HOSTILE, nproc=2, args=["os_exit"], timeout=60)
+    assert not gone.ok and gone.first_failure == 1 and gone.exception == "exit code 3"
+
+    args = run(HOSTILE, nproc=2, args=["args", "--lr", 0.5], timeout=60)
+    assert args.ok and "args: ['--lr', '0.5']" in args.output[1]
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_launches_do_not_collide(run):
+    results = {}
+
+    def go(i):
+        results[i] = run("dtrain_lab.demos.hello", nproc=2, timeout=60)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.ok for r in results.values()), [r.summary() for r in results.values()]
+    ports = {r.metrics[0]["env"]["MASTER_PORT"] for r in results.values()}
+    assert len(ports) == 2
+    for r in results.values():
+        assert r.gathered("all_reduce_sum") == [3.0, 3.0]
+
+
+def _driver(tag):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, str(WORKERS / "driver.py"), tag, HOSTILE],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 60
+    while len(processes_with_tag(tag)) < 3:  # torchrun + 2 ranks are up
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
+        time.sleep(0.3)
+    time.sleep(1.0)
+    return proc
+
+
+@pytest.mark.timeout(120)
+def test_interrupt_kills_every_rank(tag):
+    proc = _driver(tag)
+    proc.send_signal(signal.SIGINT)  # what Jupyter's stop button sends to the kernel
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and b"DRIVER-INTERRUPTED" in out
+    assert_no_survivors(tag)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
+def test_killed_kernel_leaves_no_job_behind(tag):
+    proc = _driver(tag)
+    proc.kill()  # the kernel dies without running any cleanup
+    proc.wait(timeout=10)
+    # torchrun gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and stops its workers; a worker that
+    # ignores SIGTERM is killed by torchrun after its grace period
+    assert_no_survivors(tag, grace=45)
+
+
+@pytest.mark.timeout(30)
+def test_bad_arguments_get_bilingual_errors():
+    with pytest.raises(LabError) as e:
+        dtrain_lab.launch("dtrain_lab.demos.hello", nproc=0)
+    assert "nproc" in str(e.value) and "正整数" in str(e.value)
+    with pytest.raises(LabError) as e:
+        dtrain_lab.launch("no_such_module.anywhere")
+    assert "importable" in str(e.value) and "无法启动" in str(e.value)
+    with pytest.raises(LabError):
+        dtrain_lab.launch("dtrain_lab.demos.hello", timeout=-1)
+    with pytest.raises(LabError):
+        dtrain_lab.launch("dtrain_lab.demos.hello", nnodes=2)

@@ -1,0 +1,11 @@
+"""A stand-in for a notebook kernel: launches a job that sleeps, to be interrupted or killed."""
+import sys
+
+import dtrain_lab
+
+tag = sys.argv[1]
+try:
+    dtrain_lab.launch(sys.argv[2], nproc=2, args=["sleep_ignore_term"], timeout=300, env={"DTRAIN_TEST_TAG": tag})
+except KeyboardInterrupt:
+    print("DRIVER-INTERRUPTED", flush=True)
+    sys.exit(130)
