@@ -1,0 +1,40 @@
+# Two commands do all set-up on a fresh clone:
+#   make lab    create the environment if missing, open the course in JupyterLab (CPU/gloo default)
+#   make test   create the environment if missing, run every test (library, launcher, notebooks zh+en)
+# Others: make bench · make notebooks (re-execute lesson notebooks and store reference outputs)
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.dtrain-lab-installed
+PYTEST_WORKERS ?= 3
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: lab test bench notebooks env clean-env
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "dtrain-lab needs Python >= 3.10 (需要 Python 3.10 或更新版本); found " + sys.version.split()[0])'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing dtrain-lab into $(VENV) (first time: a few minutes; torch==2.13.0 CPU build and deepspeed are pinned)"
+	@$(PY) -m pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	@$(PY) -c 'import torch, dtrain_lab; assert torch.__version__.startswith("2.13.0"), torch.__version__'
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) lessons/
+
+test: $(STAMP)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -p no:cacheprovider \
+	  tests lessons/zh lessons/en --nbval --nbval-current-env \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600 $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m dtrain_lab.bench $(BENCH_ARGS)
+
+notebooks: $(STAMP)
+	$(PY) -m dtrain_lab.authoring execute $(NAMES)
+
+clean-env:
+	rm -rf $(VENV)

@@ -1,0 +1,87 @@
+"""The ``dtrain-lab`` command.
+
+    dtrain-lab info                                  # versions, GPUs, the backend a launch would use
+    dtrain-lab run dtrain_lab.demos.hello -n 2       # launch a module or a script with torchrun
+    dtrain-lab run train.py -n 2 --timeout 60 -- --lr 0.1
+    dtrain-lab bench [--quick]                       # benchmarks (ratios against references)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import i18n
+
+
+def _info() -> int:
+    import platform
+
+    import torch
+
+    from .launch import default_nproc
+    from .runtime import choose_backend, gpu_count
+
+    print(f"dtrain-lab {__import__('dtrain_lab').__version__}, Python {platform.python_version()}, "
+          f"torch {torch.__version__}")
+    gpus = gpu_count()
+    print(f"GPUs: {gpus}; default nproc: {default_nproc()}; backend: {choose_backend(default_nproc())}")
+    import torch.distributed as dist
+
+    print(f"gloo: {dist.is_gloo_available()}, nccl: {dist.is_nccl_available()}")
+    return 0
+
+
+def _run(args) -> int:
+    from .launch import launch
+
+    extra = list(args.program_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    r = launch(args.target, nproc=args.nproc, args=extra, timeout=args.timeout,
+               startup_timeout=args.startup_timeout, backend=args.backend, debug=args.debug,
+               nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+               max_restarts=args.max_restarts)
+    return 0 if r.ok else (124 if r.hung else (r.returncode or 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dtrain-lab", description="dtrain-lab course tools / 课程工具")
+    ap.add_argument("--lang", choices=i18n.LANGS, help="message language / 提示语言")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="versions, GPUs, backend")
+    run = sub.add_parser("run", help="launch a module or script with torchrun")
+    run.add_argument("target")
+    run.add_argument("-n", "--nproc", type=int, default=None)
+    run.add_argument("--timeout", type=float, default=120.0)
+    run.add_argument("--startup-timeout", type=float, default=120.0)
+    run.add_argument("--backend", choices=["gloo", "nccl"])
+    run.add_argument("--debug", choices=["OFF", "INFO", "DETAIL"])
+    run.add_argument("--nnodes", type=int, default=1)
+    run.add_argument("--node-rank", type=int, default=0)
+    run.add_argument("--rdzv-endpoint")
+    run.add_argument("--max-restarts", type=int, default=0)
+    run.add_argument("program_args", nargs=argparse.REMAINDER)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    if args.lang:
+        i18n.set_lang(args.lang)
+    try:
+        if args.cmd == "info":
+            return _info()
+        if args.cmd == "run":
+            return _run(args)
+        if args.cmd == "bench":
+            from .bench import main as bench_main
+
+            return bench_main(["--quick"] if args.quick else [])
+    except i18n.LabError as e:  # a clear message, no traceback wall
+        print(str(e), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

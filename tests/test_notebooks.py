@@ -1,0 +1,146 @@
+"""Notebook structure: zh/en parity, generated from their sources, labs in sync with solutions.
+
+(Executing every notebook is nbval's job: `make test` passes lessons/zh and lessons/en to it.)"""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from dtrain_lab import authoring
+
+KINDS = ("lessons", "labs", "solutions")
+HAN = re.compile(r"[\u4e00-\u9fff]")
+LETTER = re.compile(r"[A-Za-z\u4e00-\u9fff]")
+SETUP_LANG = re.compile(r"""set_lang\(\s*["'](zh|en)["']\s*\)""")
+
+
+def notebooks(kind, lang):
+    return sorted((ROOT / kind / lang).glob("*.ipynb"))
+
+
+def load(path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def prose(md: str) -> str:
+    """Markdown without code, formulas, links and HTML: the words a reader reads."""
+    md = re.sub(r"```.*?```", " ", md, flags=re.S)
+    md = re.sub(r"`[^`]*`", " ", md)
+    md = re.sub(r"\$\$.*?\$\$|\$[^$]*\$", " ", md, flags=re.S)
+    md = re.sub(r"\]\([^)]*\)", "]", md)
+    md = re.sub(r"<[^>]+>", " ", md)
+    return md
+
+
+def han_ratio(text: str) -> float:
+    letters = LETTER.findall(text)
+    return len(HAN.findall(text)) / max(1, len(letters))
+
+
+def test_there_are_lessons():
+    assert len(notebooks("lessons", "en")) >= 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_notebooks_in_both_languages(kind):
+    zh = [p.name for p in notebooks(kind, "zh")]
+    en = [p.name for p in notebooks(kind, "en")]
+    assert zh == en
+    for name in zh:
+        assert re.match(r"^\d\d_[a-z0-9_]+\.ipynb$", name) or re.match(r"^lab_\d\d_[a-z0-9_]+\.ipynb$", name), name
+
+
+def pairs():
+    for kind in KINDS:
+        for zh in notebooks(kind, "zh"):
+            yield pytest.param(zh, ROOT / kind / "en" / zh.name, id=f"{kind}/{zh.stem}")
+
+
+@pytest.mark.parametrize("zh_path,en_path", list(pairs()))
+def test_parity(zh_path, en_path):
+    zh, en = load(zh_path), load(en_path)
+    assert [c["cell_type"] for c in zh["cells"]] == [c["cell_type"] for c in en["cells"]], "cells do not pair up"
+    setup_seen = 0
+    for i, (a, b) in enumerate(zip(zh["cells"], en["cells"])):
+        sa, sb = "".join(a["source"]), "".join(b["source"])
+        if a["cell_type"] == "code":
+            if sa != sb:
+                # the one allowed difference: the setup cell selecting the language
+                assert SETUP_LANG.sub("LANG", sa) == SETUP_LANG.sub("LANG", sb), f"code cell {i} differs"
+                assert SETUP_LANG.search(sa).group(1) == "zh" and SETUP_LANG.search(sb).group(1) == "en"
+                setup_seen += 1
+        else:
+            pz, pe = prose(sa), prose(sb)
+            if len(LETTER.findall(pz)) >= 4:
+                assert han_ratio(pz) > 0.3, f"markdown cell {i} of the zh notebook is not Chinese: {sa[:80]!r}"
+            assert han_ratio(pe) < 0.02, f"markdown cell {i} of the en notebook contains Chinese: {sb[:80]!r}"
+    assert setup_seen == 1, "exactly one setup cell must select the language"
+    assert zh["metadata"]["dtrain_lab"]["lang"] == "zh" and en["metadata"]["dtrain_lab"]["lang"] == "en"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_notebooks_are_generated_from_their_sources(kind):
+    for src in authoring.sources(kind):
+        for lang, nb in authoring.build(src).items():
+            path = authoring.notebook_path(src, lang)
+            assert path.exists(), f"{path} missing: run `make notebooks`"
+            stored = load(path)
+            want = [(c.cell_type, c.source) for c in nb.cells]
+            have = [(c["cell_type"], "".join(c["source"])) for c in stored["cells"]]
+            assert have == want, f"{path.relative_to(ROOT)} is out of date with {src.relative_to(ROOT)}: run `make notebooks`"
+    # and every notebook has a source
+    stems = {s.stem for s in authoring.sources(kind)}
+    for lang in ("zh", "en"):
+        for nb in notebooks(kind, lang):
+            assert nb.stem in stems, f"{nb} has no source in {kind}/_source"
+
+
+def test_lessons_start_with_goals_and_end_with_summary_and_exercises():
+    for path in notebooks("lessons", "en"):
+        cells = load(path)["cells"]
+        md = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+        assert "You will be able to" in md[0], path.name
+        tail = "\n".join(md[-3:])
+        assert "## Summary" in tail and "## Exercises" in tail, path.name
+    for path in notebooks("lessons", "zh"):
+        md = ["".join(c["source"]) for c in load(path)["cells"] if c["cell_type"] == "markdown"]
+        assert "学完本课" in md[0], path.name
+        tail = "\n".join(md[-3:])
+        assert "## 小结" in tail and "## 练习" in tail, path.name
+
+
+def test_stored_outputs_hold_no_measurements():
+    """Cells that measure are marked NBVAL_IGNORE_OUTPUT and stored empty; no images are stored."""
+    for kind in KINDS:
+        for lang in ("zh", "en"):
+            for path in notebooks(kind, lang):
+                for cell in load(path)["cells"]:
+                    if cell["cell_type"] != "code":
+                        continue
+                    src = "".join(cell["source"])
+                    if "NBVAL_IGNORE_OUTPUT" in src:
+                        assert cell["outputs"] == [], f"{path.name}: measured output stored"
+                    for out in cell["outputs"]:
+                        assert not any(k.startswith("image/") for k in out.get("data", {})), path.name
+                        assert out.get("output_type") != "error", f"{path.name}: stored error output"
+
+
+def test_source_parser_rejects_broken_sources():
+    with pytest.raises(authoring.SourceError):
+        authoring.parse("%% md\n%% en\nonly english\n%% setup\nx=1\n")
+    with pytest.raises(authoring.SourceError):
+        authoring.parse("%% code\nx = 1\n")  # no setup cell
+    with pytest.raises(authoring.SourceError):
+        authoring.parse("%% setup\nx=1\n%% en\nstray\n")
+    cells = authoring.parse("%% setup\nset_lang('{LANG}')\n%% md\n%% en\nHi\n%% zh\n你好\n%% code\nprint(1)\n")
+    assert [c.kind for c in cells] == ["setup", "md", "code"]
+    assert cells[0].source("zh") == "set_lang('zh')"
+
+
+def test_environment_yml_agrees_with_pyproject():
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_environment.py"), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
