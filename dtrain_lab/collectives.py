@@ -128,9 +128,9 @@ def _run_op(name: str, buf: torch.Tensor, out: torch.Tensor | None, group) -> No
     elif name == "broadcast":
         dist.broadcast(buf, src=_global(group, 0), group=group)
     elif name == "all_gather":
-        dist.all_gather_into_tensor(out, buf, group=group)
+        dist.all_gather_single(out, buf, group=group)
     elif name == "reduce_scatter":
-        dist.reduce_scatter_tensor(out, buf, group=group)
+        dist.reduce_scatter_single(out, buf, group=group)
     else:
         raise ValueError(f"unknown op {name!r}")
 

@@ -470,7 +470,9 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
     first_failure = exception = None
     if not ok and not hung and not interrupted:
         if errors:
-            _, first_failure, info = min(errors, key=lambda e: e[0])
+            # a peer's "connection closed" is a consequence of another rank's failure: prefer causes
+            causes = [e for e in errors if not _is_secondary(str(e[2].get("message", "")))]
+            _, first_failure, info = min(causes or errors, key=lambda e: e[0])
             exception = f"{info.get('type')}: {info.get('message')}"
         else:
             first_failure = _parse_root_cause(agent_output)
@@ -493,6 +495,15 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
     if interrupted:
         raise KeyboardInterrupt
     return result
+
+
+SECONDARY_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                    "remote worker crashing", "Socket Timeout", "communicator was aborted")
+
+
+def _is_secondary(message: str) -> bool:
+    """True for the errors a rank gets because *another* rank died (its peer closed the socket)."""
+    return any(s in message for s in SECONDARY_ERRORS)
 
 
 def _signal_or_code(agent_output: str) -> str | None:

@@ -284,8 +284,8 @@ def entrypoint(main: Callable[[], Any], **init_kwargs) -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
         if in_notebook() or not under_torchrun():
             raise
+        _record_error(exc)  # first: its time stamp decides which rank failed first
         traceback.print_exc()
-        _record_error(exc)
         code = 1
     if under_torchrun() and not in_notebook():
         _fast_exit(code)
@@ -383,7 +383,7 @@ def local_reports() -> list[dict]:
 
 def _record_error(exc: BaseException) -> None:
     path = _job_file("error", ".json")
-    if path is None:
+    if path is None or os.path.exists(path):
         return
     info = {"type": type(exc).__name__, "message": str(exc)[:2000], "time": time.time(),
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:]}

@@ -41,7 +41,7 @@ def test_without_cjk_font_labels_fall_back_to_english(monkeypatch):
     monkeypatch.setattr(viz, "_warned", False)
     i18n.set_lang("zh")
     try:
-        with pytest.warns(UserWarning, match="CJK"):
+        with pytest.warns(UserWarning, match="中文字体"):
             assert viz.label("size", "大小") == "size"
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # said once, not at every label
