@@ -50,15 +50,24 @@ def _chunks(flat: torch.Tensor, p: int) -> list[torch.Tensor]:
     return list(torch.tensor_split(flat, p))
 
 
+def ring_steps(rank: int, p: int, phase: str) -> list[tuple[int, int]]:
+    """(chunk sent to the right, chunk received from the left) at each of the ``p-1`` steps of
+    ``phase`` ("reduce_scatter" or "all_gather") for ``rank``: the whole schedule of the ring."""
+    if phase == "reduce_scatter":
+        return [((rank - s) % p, (rank - s - 1) % p) for s in range(p - 1)]
+    if phase == "all_gather":
+        return [((rank + 1 - s) % p, (rank - s) % p) for s in range(p - 1)]
+    raise ValueError(f"phase must be 'reduce_scatter' or 'all_gather', got {phase!r}")
+
+
 def ring_reduce_scatter_(chunks: list[torch.Tensor], group=None) -> int:
     """In place: after it, ``chunks[(rank+1) % p]`` holds the sum over ranks. Returns that index."""
     r, p = _world(group)
     right, left = _global(group, (r + 1) % p), _global(group, (r - 1) % p)
-    for s in range(p - 1):
-        send_idx, recv_idx = (r - s) % p, (r - s - 1) % p
+    for send_idx, recv_idx in ring_steps(r, p, "reduce_scatter"):
         buf = torch.empty_like(chunks[recv_idx])
         _exchange(chunks[send_idx], buf, right, left, group)
-        chunks[recv_idx].add_(buf)
+        chunks[recv_idx].add_(buf)  # received partial sum + my own contribution
     return (r + 1) % p
 
 
@@ -66,11 +75,28 @@ def ring_all_gather_(chunks: list[torch.Tensor], group=None) -> None:
     """In place: rank ``r`` starts with complete chunk ``(r+1) % p``; ends with all of them."""
     r, p = _world(group)
     right, left = _global(group, (r + 1) % p), _global(group, (r - 1) % p)
-    for s in range(p - 1):
-        send_idx, recv_idx = (r + 1 - s) % p, (r - s) % p
+    for send_idx, recv_idx in ring_steps(r, p, "all_gather"):
         buf = torch.empty_like(chunks[recv_idx])
         _exchange(chunks[send_idx], buf, right, left, group)
-        chunks[recv_idx].copy_(buf)
+        chunks[recv_idx].copy_(buf)  # a complete chunk: overwrite
+
+
+def simulate_ring(values: list[list[float]]) -> tuple[list[list[float]], list[str]]:
+    """Run the ring all-reduce schedule on plain Python lists, one list per rank (one number per
+    chunk), and describe each step: the same :func:`ring_steps` the real implementation follows."""
+    p = len(values)
+    state = [list(v) for v in values]
+    log = []
+    for phase in ("reduce_scatter", "all_gather"):
+        for step in range(p - 1):
+            moves = [(r, *ring_steps(r, p, phase)[step]) for r in range(p)]
+            sent = {r: state[r][si] for r, si, _ in moves}  # everyone sends at once
+            for r, _, ri in moves:
+                left = (r - 1) % p
+                state[r][ri] = state[r][ri] + sent[left] if phase == "reduce_scatter" else sent[left]
+            log.append(f"{phase:<14} step {step + 1}: " + "  ".join(
+                f"r{r}:{[round(x, 6) for x in state[r]]}" for r in range(p)))
+    return state, log
 
 
 def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:

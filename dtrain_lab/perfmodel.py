@@ -115,3 +115,14 @@ def human_bytes(n: float) -> str:
     units = ["B", "KiB", "MiB", "GiB", "TiB"]
     i = min(int(math.log(n, 1024)), len(units) - 1)
     return f"{n / 1024 ** i:.3g} {units[i]}"
+
+
+def fit_collective(op: str, sizes: list[float], seconds: list[float], p: int) -> tuple[float, float]:
+    """Fit the per-message α and per-byte β of the ring model to measured times of ``op`` on ``p``
+    ranks: a straight line t = a + n·b, then a = steps·α and b = busbw_factor·β."""
+    if p < 2:
+        raise ValueError("fitting needs p ≥ 2")
+    a, b = fit_alpha_beta(sizes, seconds)
+    steps = 2 * (p - 1) if op == "all_reduce" else (p - 1)
+    factor = busbw_factor(op, p) if op not in ("broadcast", "reduce") else 1.0
+    return a / steps, b / factor

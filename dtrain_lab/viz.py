@@ -124,6 +124,28 @@ def plot_bandwidth(rows: list[dict], world_size: int, backend: str, ax=None):
     return ax
 
 
+def plot_measured_vs_model(rows: list[dict], alpha: float, beta: float, p: int, ax=None):
+    """Measured time per call against message size, with the fitted α-β prediction as a line."""
+    from .perfmodel import collective_time
+
+    if ax is None:
+        _, ax = new_figure(figsize=(7, 4))
+    ops = sorted({r["op"] for r in rows}, key=[r["op"] for r in rows].index)
+    for op in ops:
+        pts = sorted((r["bytes"], r["seconds"]) for r in rows if r["op"] == op)
+        ax.plot([x for x, _ in pts], [y * 1e3 for _, y in pts], "o", label=label(f"measured {op}", f"实测 {op}"))
+    sizes = sorted({r["bytes"] for r in rows})
+    ax.plot(sizes, [collective_time("all_reduce", n, p, alpha, beta) * 1e3 for n in sizes], "-",
+            label=label("α-β model (fitted)", "α-β 模型（拟合）"))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(label("message size (bytes)", "消息大小（字节）"))
+    ax.set_ylabel(label("time per call (ms)", "单次耗时（毫秒）"))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return ax
+
+
 def plot_alpha_beta(alpha: float, beta: float, p_values=(2, 4, 8, 16), max_bytes: float = 2 ** 30, ax=None):
     """Predicted ring all-reduce time against message size for several world sizes."""
     from .perfmodel import collective_time
@@ -143,8 +165,9 @@ def plot_alpha_beta(alpha: float, beta: float, p_values=(2, 4, 8, 16), max_bytes
     return ax
 
 
-def alpha_beta_calculator():
-    """An ipywidgets calculator around :func:`dtrain_lab.perfmodel.collective_time`."""
+def alpha_beta_calculator(alpha: float = 5e-6, beta: float = 1e-11):
+    """An ipywidgets calculator around :func:`dtrain_lab.perfmodel.collective_time`, starting at
+    ``alpha`` seconds and ``beta`` seconds per byte (pass the values you fitted on your machine)."""
     import ipywidgets as w
     from IPython.display import display
 
@@ -155,8 +178,8 @@ def alpha_beta_calculator():
     algo = w.Dropdown(options=["ring", "naive"], value="ring", description=label("algorithm", "算法"))
     p = w.IntSlider(value=8, min=2, max=1024, description="p")
     log_n = w.FloatSlider(value=27, min=10, max=34, step=0.5, description="log2 n")
-    alpha_us = w.FloatLogSlider(value=5, base=10, min=-1, max=3, description="α (µs)")
-    bw_gbs = w.FloatLogSlider(value=100, base=10, min=-1, max=3, description="1/β (GB/s)")
+    alpha_us = w.FloatLogSlider(value=min(max(alpha * 1e6, 0.1), 1e4), base=10, min=-1, max=4, description="α (µs)")
+    bw_gbs = w.FloatLogSlider(value=min(max(1e-9 / beta, 1e-3), 1e3), base=10, min=-3, max=3, description="1/β (GB/s)")
     out = w.Output()
 
     def update(*_):

@@ -63,3 +63,30 @@ def test_bad_arguments_are_refused(bad):
     algorithm = args.pop("algorithm", "ring")
     with pytest.raises(ValueError):
         pm.collective_time(args["op"], args["nbytes"], args["p"], args["alpha"], args["beta"], algorithm)
+
+
+def test_ring_schedule_simulation_sums_every_chunk():
+    import random
+
+    from dtrain_lab.collectives import ring_steps, simulate_ring
+
+    rng = random.Random(0)
+    for p in range(1, 7):
+        values = [[rng.randint(-50, 50) for _ in range(p)] for _ in range(p)]
+        final, log = simulate_ring(values)
+        want = [sum(v[c] for v in values) for c in range(p)]
+        assert all(row == want for row in final)
+        assert len(log) == 2 * (p - 1)
+        for r in range(p):  # each chunk index is sent exactly once per phase, never the one received
+            for phase in ("reduce_scatter", "all_gather"):
+                steps = ring_steps(r, p, phase)
+                assert len({s for s, _ in steps}) == p - 1 and all(s != q for s, q in steps)
+
+
+def test_fit_collective_inverts_the_model():
+    a, b = 4e-5, 2e-9
+    for p in (2, 3, 8):
+        sizes = [2.0 ** k for k in range(12, 24)]
+        secs = [pm.collective_time("all_reduce", n, p, a, b) for n in sizes]
+        alpha, beta = pm.fit_collective("all_reduce", sizes, secs, p)
+        assert alpha == pytest.approx(a, rel=1e-6) and beta == pytest.approx(b, rel=1e-6)
