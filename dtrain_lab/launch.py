@@ -430,6 +430,8 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
         _collect_stacks(job_dir, ranks)
     killed = _procs.kill_job(job_id, proc, since=wall0)
     reader.join(timeout=2)
+    if proc.stdout is not None:
+        proc.stdout.close()
     pump(final=True)
     elapsed = time.monotonic() - t0
     if ready_wall is None:
