@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml
 	@$(PY) -c 'import torch, dtrain_lab; assert torch.__version__.startswith("2.13.0"), torch.__version__'
 	@touch $(STAMP)
 
+# root (containers, some cloud VMs) must opt in explicitly, or JupyterLab refuses to start
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) lessons/
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=$(CURDIR) --ServerApp.default_url=/lab/tree/lessons $(LAB_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -p no:cacheprovider \

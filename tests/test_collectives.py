@@ -5,7 +5,10 @@ import pytest
 
 from conftest import WORKERS
 
+from dtrain_lab.runtime import gpu_count
+
 WORLD_SIZES = [2, 3, 4]
+GPUS = gpu_count()
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,10 @@ def test_runtime_under_torchrun(results, n):
     for rank, m in r.metrics.items():
         assert m["rank"] == rank and m["env_rank"] == str(rank)
         assert m["world_size"] == n and m["local_rank"] == rank
-        assert m["backend"] == "gloo" and m["device"] == "cpu"   # no GPU here: gloo chosen
+        if GPUS >= n:   # one GPU per rank: NCCL on cuda:LOCAL_RANK
+            assert m["backend"] == "nccl" and m["device"] == f"cuda:{rank}"
+        else:           # otherwise gloo on the CPU
+            assert m["backend"] == "gloo" and m["device"] == "cpu"
         assert m["timeout_s"] == 30.0                             # the course's short default
         assert m["same_init"] is True                             # same seed on every rank
         assert m["data_differs"] is True                          # rank-offset data seeds

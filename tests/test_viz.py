@@ -55,3 +55,17 @@ def test_show_prints_source_outside_a_notebook(capsys):
 
     viz.show(ring_all_reduce)
     assert "def ring_all_reduce" in capsys.readouterr().out
+
+
+def test_alpha_beta_calculator_shows_the_model(capsys):
+    from dtrain_lab.perfmodel import collective_time
+
+    box = viz.alpha_beta_calculator(alpha=2e-5, beta=1e-9)
+    op, p_slider, log_n = box.children[0].children[0], box.children[1], box.children[2]
+    assert op.value == "all_reduce"
+    p_slider.value = 4
+    log_n.value = 20
+    out = box.children[-1].outputs
+    text = "".join(o.get("text", "") for o in out) if out else capsys.readouterr().out
+    expect = collective_time("all_reduce", 2 ** 20, 4, box.children[3].value * 1e-6, 1 / (box.children[4].value * 1e9))
+    assert f"T = {expect * 1e3:.4g} ms" in text

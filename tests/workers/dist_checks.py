@@ -1,5 +1,7 @@
 """One launch, many checks: runtime under torchrun, the report channel, ring all-reduce.
 
+Tensors live on the rank's device: on a GPU machine the same checks exercise NCCL and CUDA.
+
 Launched by tests/test_collectives.py at world sizes 2, 3 and 4. Every check's outcome goes back
 through runtime.report; the test asserts on them, so a failing check names itself.
 """
@@ -20,7 +22,7 @@ def check_ring(rt) -> dict:
     for dtype in (torch.float32, torch.float64):
         for shape in SHAPES:
             g = torch.Generator().manual_seed(100 + rt.rank)  # different data on each rank
-            x = torch.randn(shape, generator=g, dtype=dtype)
+            x = torch.randn(shape, generator=g, dtype=dtype).to(rt.device)
             ref = x.clone()
             dist.all_reduce(ref)
             mine = ring_all_reduce(x.clone())
@@ -31,19 +33,19 @@ def check_ring(rt) -> dict:
             dist.all_gather(gathered, mine)
             results[key + "-agree"] = all(torch.equal(gathered[0], t) for t in gathered)
     # a non-contiguous view is reduced in place too
-    base = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (rt.rank + 1)
+    base = torch.arange(12, dtype=torch.float32, device=rt.device).reshape(3, 4) * (rt.rank + 1)
     view = base.t()
     ring_all_reduce(view, op="avg")
-    expect = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * sum(range(1, rt.world_size + 1)) / rt.world_size
+    expect = torch.arange(12, dtype=torch.float32, device=rt.device).reshape(3, 4).t() * sum(range(1, rt.world_size + 1)) / rt.world_size
     results["noncontiguous-avg"] = float((base.t() - expect).abs().max())
-    y = torch.full((6,), float(rt.rank + 1))
+    y = torch.full((6,), float(rt.rank + 1), device=rt.device)
     naive_all_reduce(y)
     results["naive"] = float((y - sum(range(1, rt.world_size + 1))).abs().max())
     # a subgroup: ranks {0, world-1}
     members = sorted({0, rt.world_size - 1})
     sub = dist.new_group(members)
     if rt.rank in members:
-        z = torch.full((5,), float(rt.rank + 1))
+        z = torch.full((5,), float(rt.rank + 1), device=rt.device)
         ring_all_reduce(z, group=sub)
         results["subgroup"] = float((z - sum(m + 1 for m in members)).abs().max())
     return results
@@ -52,10 +54,10 @@ def check_ring(rt) -> dict:
 def main() -> None:
     rt = runtime.current()
     # same seed on every rank -> same initial weights; data generators differ per rank
-    w = torch.randn(8)
+    w = torch.randn(8).to(rt.device)
     ws = [torch.empty_like(w) for _ in range(rt.world_size)]
     dist.all_gather(ws, w)
-    d = torch.randn(4, generator=runtime.data_generator(0))
+    d = torch.randn(4, generator=runtime.data_generator(0)).to(rt.device)
     ds = [torch.empty_like(d) for _ in range(rt.world_size)]
     dist.all_gather(ds, d)
     # a program printing something that looks like a report must not forge one
