@@ -9,6 +9,7 @@ Rows (later lessons add theirs):
   (median of alternating repeats). What the launcher adds: stack-dump hooks, log tailing, clean-up.
 * ``ring_vs_all_reduce``: our send/recv ring all-reduce / ``dist.all_reduce``, per message size.
 * ``busbw``: bus bandwidth of ``dist.all_reduce`` against message size on this machine.
+* ``ddp_step_time``: ``dtrain_lab.ddp.DDP`` step time / PyTorch ``DistributedDataParallel`` (same run).
 
 Writes ``bench-results/bench.json`` and prints a table. CPU/gloo figures here say nothing about
 NCCL on GPUs.
@@ -91,6 +92,10 @@ def table(rows: list[dict]) -> str:
             for p in row["per_size"]:
                 out.append(f"|   {human_bytes(p['bytes'])} | {p['ratio']:.2f}× | "
                            f"{p['ring_s'] * 1e3:.3g} ms vs {p['all_reduce_s'] * 1e3:.3g} ms |")
+        elif row["name"] == "ddp_step_time":
+            out.append(f"| dtrain_lab DDP / PyTorch DDP step time | {row['ratio']:.2f}× | "
+                       f"{row['ours_s'] * 1e3:.3g} ms vs {row['torch_s'] * 1e3:.3g} ms; naive per-parameter "
+                       f"{row['naive_ratio']:.2f}×, no overlap {row['no_overlap_ratio']:.2f}× |")
         elif row["name"] == "busbw":
             for p in row["points"]:
                 out.append(f"| busbw all_reduce {human_bytes(p['bytes'])} | {p['busbw_MBps']:.3g} MB/s | "
@@ -107,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     max_bytes = (1 << 20) if args.quick else (16 << 20)
     rows = [launch_overhead(repeats)]
     rows.extend(collectives(max_bytes))
+    from .ddp import bench_ddp
+
+    rows.append(bench_ddp(repeats=2 if args.quick else 5))
     meta = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:

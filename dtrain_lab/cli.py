@@ -3,6 +3,9 @@
     dtrain-lab info                                  # versions, GPUs, the backend a launch would use
     dtrain-lab run dtrain_lab.demos.hello -n 2       # launch a module or a script with torchrun
     dtrain-lab run train.py -n 2 --timeout 60 -- --lr 0.1
+    dtrain-lab grade lab10.rank_branch my_fix.py     # grade one file; or a lab notebook, or a folder
+    dtrain-lab grade --list | --json | --gradescope results.json
+    dtrain-lab nccl lint [--file .env] | nccl doctor # NCCL/PyTorch variables; this machine's set-up
     dtrain-lab bench [--quick]                       # benchmarks (ratios against references)
 """
 from __future__ import annotations
@@ -61,8 +64,38 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--rdzv-endpoint")
     run.add_argument("--max-restarts", type=int, default=0)
     run.add_argument("program_args", nargs=argparse.REMAINDER)
+    sub.add_parser("grade", help="grade exercises / 评分 (dtrain-lab grade --help)")
+    sub.add_parser("nccl", help="nccl lint | nccl doctor: check NCCL/PyTorch env vars and this machine")
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("--quick", action="store_true")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["nccl"] or argv[2:3] == ["nccl"] and argv[0] == "--lang":
+        # dtrain-lab nccl lint [--file F] [--json] | dtrain-lab nccl doctor [--json]
+        from . import nccl
+
+        rest = argv[argv.index("nccl") + 1:]
+        if argv[0] == "--lang":
+            rest += ["--lang", argv[1]]
+        if not rest or rest[0] not in ("lint", "doctor"):
+            print("usage: dtrain-lab nccl lint [--file F] [--json] [--strict] | doctor [--json]", file=sys.stderr)
+            return 2
+        try:
+            return (nccl.main_lint if rest[0] == "lint" else nccl.main_doctor)(rest[1:])
+        except i18n.LabError as e:
+            print(str(e), file=sys.stderr)
+            return 2
+    if "grade" in argv[:3] and argv.index("grade") in (0, 2) and (argv.index("grade") == 0 or argv[0] == "--lang"):
+        # the grader parses its own options (--list, --json, ...): hand it everything after "grade"
+        i = argv.index("grade")
+        from .grading import main as grade_main
+
+        if i == 2:
+            i18n.set_lang(argv[1])
+        try:
+            return grade_main(argv[i + 1:])
+        except i18n.LabError as e:
+            print(str(e), file=sys.stderr)
+            return 2
     args = ap.parse_args(argv)
     if args.lang:
         i18n.set_lang(args.lang)

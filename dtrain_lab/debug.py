@@ -63,7 +63,11 @@ def parse_faulthandler(text: str) -> list[ThreadStack]:
 
 
 def _is_library(frame: Frame) -> bool:
-    return any(marker in frame.file for marker in _LIBRARY_MARKERS) and "/dtrain_lab/demos/" not in frame.file
+    """Frames of torch, Python and dtrain_lab's own machinery (runtime, grader): not the learner's
+    code. The course's demo programs count as the learner's: they are what a lesson is about."""
+    if "/dtrain_lab/demos/" in frame.file:
+        return False
+    return any(marker in frame.file for marker in _LIBRARY_MARKERS) or "/dtrain_lab/" in frame.file
 
 
 def main_thread(threads: list[ThreadStack]) -> ThreadStack | None:

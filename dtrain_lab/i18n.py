@@ -172,3 +172,8 @@ class LabError(ValueError):
 
     def message(self, lang: str | None = None) -> str:
         return tr(self.key, lang, **self.fields)
+
+MESSAGES["unknown_exercise"] = {
+    "en": "No exercise {id!r}. Known exercises: {known}.",
+    "zh": "没有名为 {id!r} 的练习。现有练习：{known}。",
+}

@@ -1,0 +1,565 @@
+"""Data parallelism from scratch: what ``torch.nn.parallel.DistributedDataParallel`` does, in Python.
+
+Every rank holds a full copy of the model and trains on its own shard of the global batch. After
+``loss.backward()`` each rank's gradient is the gradient of *its* shard's loss; the average of the
+ranks' gradients is the gradient of the global batch's loss (equal shards, mean losses). So one
+all-reduce of the gradients per step makes every rank take the same optimizer step, and the
+replicas stay identical without ever exchanging parameters again.
+
+The design follows the PyTorch DDP paper — S. Li, Y. Zhao, R. Varma, et al., "PyTorch Distributed:
+Experiences on Accelerating Data Parallel Training", PVLDB 13(12), 2020 (VLDB 2020),
+arXiv:2006.15704:
+
+1. **Same start** (paper §3.1). At construction rank 0 broadcasts its parameters and buffers, so the
+   replicas start equal even if the ranks were seeded differently.
+2. **Gradient bucketing** (§3.2.2, §5.2). One all-reduce per parameter pays the per-message latency
+   α once per tensor (see :mod:`dtrain_lab.perfmodel`: ``t = α + n·β``); small tensors waste the
+   link. Parameters are grouped into *buckets* of about ``bucket_cap_mb`` MB, in **reverse
+   registration order** (gradients of the last layers are ready first in backward), and each
+   bucket is flattened into one contiguous buffer reduced by *one* all-reduce.
+3. **Overlap of communication with computation** (§3.2.3). A hook on each parameter
+   (``Tensor.register_post_accumulate_grad_hook``) fires the moment its gradient has been
+   accumulated; it copies the gradient (already divided by the world size) into the bucket, and
+   the moment a bucket is full of ready gradients its all-reduce is launched **asynchronously**
+   (``dist.all_reduce(..., async_op=True)``) while backward goes on computing the gradients of
+   earlier layers. Buckets are launched in bucket order on every rank — collectives must be issued
+   in the same order everywhere. The first hook of a backward queues a callback on the autograd
+   engine (``Variable._execution_engine.queue_callback``, what PyTorch's reducer does) that runs
+   when backward ends: it waits for every bucket and copies the averaged gradients back into
+   ``param.grad``. So gradients are synchronised when ``loss.backward()`` returns; nothing else to
+   call.
+4. **Gradient accumulation** (§3.2.4): inside ``with ddp.no_sync():`` the hooks do nothing and the
+   gradients accumulate locally; the first backward outside (of a forward outside) synchronises the
+   accumulated gradients.
+5. **Unused parameters** (§3.2.3). A parameter that takes no part in this step's loss gets no
+   gradient and its hook never fires: its bucket would never be complete. With
+   ``find_unused_parameters=False`` (the default) this is an error, raised at the end of backward
+   with an explanation (PyTorch raises its "Expected to have finished reduction in the prior
+   iteration before starting a new one" at the next forward instead). With ``True`` each forward
+   walks the autograd graph from the outputs to find the parameters it does not reach; they are
+   marked ready (zero gradient) at the first hook of backward, so buckets complete and overlap is
+   kept; and a used-map (one int per parameter) is all-reduced so that a parameter unused on
+   *every* rank keeps its ``.grad`` untouched, as in PyTorch. **This costs** a traversal of the
+   whole graph every iteration plus one extra all-reduce: enable it only when the model needs it.
+
+What is left out compared with PyTorch: bucket rebuilding in gradient-ready order after the first
+iteration, the small first bucket (``first_bucket_cap_mb``), ``gradient_as_bucket_view``,
+communication hooks, ``static_graph``, sparse gradients, join for uneven inputs, mixed devices in
+one bucket, and the C++ thread safety. Tied weights (one ``Parameter`` registered twice) are
+reduced once: ``module.parameters()`` yields it once and autograd accumulates both uses before its
+hook fires. Frozen parameters (``requires_grad=False``) are broadcast at start and never reduced.
+
+On a world of one (no process group, or a group of size 1) :class:`DDP` is the plain module.
+
+Counters for tests and lessons: :meth:`DDP.stats` (collectives issued, bytes all-reduced in the
+last synchronised step, buckets launched while backward was still running, …) and
+:func:`naive_allreduce_grads`, the one-all-reduce-per-parameter baseline.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+__all__ = ["DDP", "DDPError", "naive_allreduce_grads", "bench_ddp", "MB"]
+
+MB = 1024 * 1024  # PyTorch's bucket_cap_mb counts mebibytes
+
+# Bilingual messages of this module (learner's language first, see DDPError).
+_MESSAGES: dict[str, dict[str, str]] = {
+    "unused_params": {
+        "en": "dtrain_lab DDP (rank {rank}): {count} parameter(s) received no gradient in this backward "
+              "pass: {names}. Their bucket(s) {buckets} could never be all-reduced, so the gradients of "
+              "this step were NOT synchronised across ranks. PyTorch's DistributedDataParallel reports "
+              "the same situation at the next forward as \"Expected to have finished reduction in the "
+              "prior iteration before starting a new one\". Fix: make every trainable parameter take "
+              "part in the loss on every step (every output of forward used in the loss, no skipped "
+              "branch), or wrap with DDP(..., find_unused_parameters=True), which finds the unused "
+              "parameters each step at the cost of a graph traversal and one extra all-reduce.",
+        "zh": "dtrain_lab DDP（rank {rank}）：本次反向传播中有 {count} 个参数没有得到梯度：{names}。"
+              "它们所在的桶 {buckets} 永远凑不齐，无法 all-reduce，所以这一步的梯度没有在各 rank 之间同步。"
+              "PyTorch 的 DistributedDataParallel 会在下一次 forward 时把同样的情况报告为"
+              "“Expected to have finished reduction in the prior iteration before starting a new one”。"
+              "解决办法：让每个可训练参数在每一步都参与 loss 的计算（forward 的所有输出都进入 loss，"
+              "不要跳过分支），或者用 DDP(..., find_unused_parameters=True) 包装模型：它每一步都会找出"
+              "未使用的参数，代价是遍历一次计算图并多做一次 all-reduce。",
+    },
+    "ready_twice": {
+        "en": "dtrain_lab DDP: the gradient of parameter {name} became ready twice in one backward pass "
+              "(was it reached through a graph that an earlier forward marked as unused?). Call "
+              "backward once per forward, or use no_sync() for the extra passes.",
+        "zh": "dtrain_lab DDP：参数 {name} 的梯度在一次反向传播中就绪了两次（是否经由之前某次 forward "
+              "判定为未使用的计算图到达它？）。请每次 forward 只做一次 backward，多余的反向传播放在 "
+              "no_sync() 里。",
+    },
+    "not_in_group": {
+        "en": "dtrain_lab DDP: this process (global rank {rank}) is not a member of the process group "
+              "it was given; only the group's members may construct the wrapper.",
+        "zh": "dtrain_lab DDP：当前进程（全局 rank {rank}）不属于传入的进程组；只有组内成员才能构造这个包装器。",
+    },
+    "model_mismatch": {
+        "en": "dtrain_lab DDP: the ranks hold different models (trainable parameters, total size, shape "
+              "signature per rank: {detail}). Every rank must build the same model before wrapping it.",
+        "zh": "dtrain_lab DDP：各 rank 上的模型不一致（每个 rank 的可训练参数个数、总元素数、形状签名："
+              "{detail}）。包装之前，每个 rank 必须构造相同的模型。",
+    },
+}
+
+
+class DDPError(RuntimeError):
+    """An error of :class:`DDP` whose message is bilingual: the learner's language first."""
+
+    def __init__(self, key: str, **fields: Any):
+        from .i18n import get_lang
+
+        self.key, self.fields = key, fields
+        first = get_lang() if get_lang() in ("zh", "en") else "en"
+        second = "en" if first == "zh" else "zh"
+        super().__init__(f"{_MESSAGES[key][first].format(**fields)}\n{_MESSAGES[key][second].format(**fields)}")
+
+    def message(self, lang: str = "en") -> str:
+        return _MESSAGES[self.key][lang].format(**self.fields)
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _world(group) -> tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _src(group) -> int:
+    """Global rank of the group's rank 0 (what ``dist.broadcast`` wants as ``src``)."""
+    return 0 if group is None else dist.get_global_rank(group, 0)
+
+
+def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors_in(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors_in(x)
+
+
+def params_reached(outputs: Any, index: dict[int, int]) -> set[int]:
+    """Indices (values of ``index``, keyed by ``id(param)``) of the parameters the autograd graph of
+    ``outputs`` reaches: a walk over ``grad_fn.next_functions`` down to the ``AccumulateGrad`` leaves.
+    This is the per-iteration graph traversal that ``find_unused_parameters=True`` pays for."""
+    found: set[int] = set()
+    seen: set[Any] = set()
+    stack = []
+    for t in _tensors_in(outputs):
+        if t.grad_fn is not None:
+            stack.append(t.grad_fn)
+        elif t.requires_grad and id(t) in index:  # forward returned a parameter itself
+            found.add(index[id(t)])
+    while stack:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)  # AccumulateGrad: the leaf it accumulates into
+        if var is not None and id(var) in index:
+            found.add(index[id(var)])
+        for nxt, _ in fn.next_functions:
+            if nxt is not None and nxt not in seen:
+                stack.append(nxt)
+    return found
+
+
+def _broadcast_coalesced(tensors: list[torch.Tensor], group) -> int:
+    """Broadcast ``tensors`` from the group's rank 0, one flat buffer per dtype/device. Returns the
+    number of collectives issued."""
+    by_key: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_key.setdefault((t.dtype, t.device), []).append(t)
+    issued = 0
+    with torch.no_grad():
+        for ts in by_key.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in ts])
+            dist.broadcast(flat, src=_src(group), group=group)
+            issued += 1
+            offset = 0
+            for t in ts:
+                n = t.numel()
+                t.copy_(flat[offset:offset + n].view_as(t))
+                offset += n
+    return issued
+
+
+@dataclass
+class Bucket:
+    """One bucket: its parameters (indices into ``DDP.param_names``), their place in the flat buffer,
+    and the state of the current iteration."""
+
+    index: int
+    params: list[int]
+    offsets: list[int]
+    numels: list[int]
+    buffer: torch.Tensor
+    pending: int = 0
+    work: Any = None
+    launched_in_backward: bool = False
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+
+# ------------------------------------------------------------------------------------ the wrapper
+class DDP(nn.Module):
+    """Data-parallel wrapper with bucketed, overlapped gradient all-reduce (see the module docstring).
+
+    ``DDP(module, *, process_group=None, bucket_cap_mb=25.0, overlap=True,
+    find_unused_parameters=False, broadcast_buffers=True)``
+
+    * ``process_group``: the group of replicas (default ``None``: the whole world).
+    * ``bucket_cap_mb``: a bucket is closed once it holds at least this many MiB of gradients
+      (PyTorch's rule; a larger parameter gets a bucket of its own).
+    * ``overlap``: launch each bucket's all-reduce from the gradient hooks while backward runs
+      (True), or reduce every bucket after backward (False) — same buckets, same results, no overlap.
+    * ``find_unused_parameters``: see the module docstring; costs a graph traversal per forward
+      and one extra all-reduce per step, like PyTorch's.
+    * ``broadcast_buffers``: broadcast rank 0's buffers (e.g. BatchNorm statistics) at every forward,
+      as PyTorch does by default (no collective for a module without buffers).
+
+    Use it as PyTorch's: ``loss = loss_fn(ddp(x), y); loss.backward(); opt.step()``. The optimizer may
+    be built on ``ddp.parameters()`` or ``ddp.module.parameters()`` (the same tensors).
+    """
+
+    def __init__(self, module: nn.Module, *, process_group=None, bucket_cap_mb: float = 25.0,
+                 overlap: bool = True, find_unused_parameters: bool = False, broadcast_buffers: bool = True):
+        super().__init__()
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r} / bucket_cap_mb 必须大于 0")
+        self.module = module
+        self.process_group = process_group
+        self.bucket_cap_mb = float(bucket_cap_mb)
+        self.overlap = bool(overlap)
+        self.find_unused_parameters = bool(find_unused_parameters)
+        self.broadcast_buffers = bool(broadcast_buffers)
+        self.require_backward_grad_sync = True
+        self.rank, self.world_size = _world(process_group)
+        if self.rank < 0:
+            raise DDPError("not_in_group", rank=dist.get_rank())
+        self.distributed = self.world_size > 1
+
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]  # tied: listed once
+        self.param_names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        self._index = {id(p): i for i, p in enumerate(self._params)}
+        self._buffer_list = list(module.buffers())
+        # small bookkeeping tensors travel on the parameters' device (NCCL reduces CUDA tensors only)
+        first = next(iter(module.parameters()), None)
+        self._device = first.device if first is not None else torch.device("cpu")
+        self.buckets: list[Bucket] = []
+        self._locator: list[tuple[int, int]] = []
+        self._hook_handles: list[Any] = []
+        # counters
+        self.init_collectives = 0
+        self.total_collectives = 0
+        self.total_bytes = 0
+        self.sync_steps = 0
+        self.last_step: dict[str, Any] = {"collectives": 0, "bytes": 0, "launched_in_backward": 0,
+                                          "globally_unused": []}
+        if not self.distributed:
+            return
+        self._check_same_model()
+        self.init_collectives += _broadcast_coalesced(
+            [p for p in module.parameters()] + self._buffer_list, process_group)
+        self._build_buckets()
+        self._register_hooks()
+        n = len(self._params)
+        self._locally_used = torch.zeros(n, dtype=torch.int32, device=self._device)
+        self._reset_iteration()
+
+    # ---------------------------------------------------------------- construction
+    def _check_same_model(self) -> None:
+        sig = 0
+        for i, p in enumerate(self._params):
+            for d in p.shape:
+                sig = (sig * 1_000_003 + d + i) % (2 ** 61 - 1)
+        mine = torch.tensor([len(self._params), sum(p.numel() for p in self._params), sig], dtype=torch.int64,
+                            device=self._device)
+        every = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(every, mine, group=self.process_group)
+        self.init_collectives += 1
+        if any(not torch.equal(every[0], t) for t in every):
+            raise DDPError("model_mismatch", detail=[t.cpu().tolist() for t in every])
+
+    def _build_buckets(self) -> None:
+        cap = self.bucket_cap_mb * MB
+        order = list(reversed(range(len(self._params))))  # gradients of the last layers come first
+        open_: dict[tuple, list] = {}
+        groups: list[list[int]] = []
+        for i in order:
+            p = self._params[i]
+            key = (p.dtype, p.device)  # one dtype and device per flat buffer
+            cur = open_.setdefault(key, [[], 0])
+            cur[0].append(i)
+            cur[1] += p.numel() * p.element_size()
+            if cur[1] >= cap:
+                groups.append(cur[0])
+                del open_[key]
+        groups.extend(cur[0] for cur in open_.values() if cur[0])
+        position = {i: k for k, i in enumerate(order)}
+        groups.sort(key=lambda g: position[g[0]])
+        self._locator = [(-1, -1)] * len(self._params)
+        for b, idx in enumerate(groups):
+            numels = [self._params[i].numel() for i in idx]
+            offsets = [sum(numels[:k]) for k in range(len(idx))]
+            p0 = self._params[idx[0]]
+            buf = torch.zeros(sum(numels), dtype=p0.dtype, device=p0.device)
+            self.buckets.append(Bucket(index=b, params=idx, offsets=offsets, numels=numels, buffer=buf,
+                                       names=[self.param_names[i] for i in idx]))
+            for k, i in enumerate(idx):
+                self._locator[i] = (b, k)
+
+    def _register_hooks(self) -> None:
+        me = weakref.ref(self)  # the parameters must not keep the wrapper alive
+
+        def make(i: int):
+            def hook(_param: torch.Tensor) -> None:
+                ddp = me()
+                if ddp is not None:
+                    ddp._on_grad_ready(i)
+            return hook
+
+        for i, p in enumerate(self._params):
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(make(i)))
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient hooks from the parameters (to reuse the module without this wrapper)."""
+        for h in self._hook_handles:
+            h.remove()
+        self._hook_handles.clear()
+
+    # ---------------------------------------------------------------- per iteration
+    def _reset_iteration(self) -> None:
+        self._expect_hooks = False      # set by a forward that will need a synchronised backward
+        self._callback_queued = False
+        self._unused_marked = False
+        self._in_finalize = False
+        self._used_in_graph: set[int] = set()
+        self._ready = [False] * len(self._params)
+        self._next_bucket = 0
+        self._step_collectives = 0
+        self._step_bytes = 0
+        self._step_launched_in_backward = 0
+        for b in self.buckets:
+            b.pending = len(b.params)
+            b.work = None
+            b.launched_in_backward = False
+
+    def forward(self, *args, **kwargs):
+        if not self.distributed:
+            return self.module(*args, **kwargs)
+        if self.broadcast_buffers and self._buffer_list:
+            n = _broadcast_coalesced(self._buffer_list, self.process_group)
+            self.total_collectives += n
+        out = self.module(*args, **kwargs)
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+            self._expect_hooks = True
+            if self.find_unused_parameters:  # the traversal find_unused_parameters costs
+                self._used_in_graph |= params_reached(out, self._index)
+        return out
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradient accumulation: forwards and backwards inside accumulate gradients locally, with no
+        communication; the next forward+backward outside synchronises the accumulated sum."""
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    # ---------------------------------------------------------------- hooks
+    def _on_grad_ready(self, i: int) -> None:
+        p = self._params[i]
+        if p.grad is not None:
+            self._locally_used[i] = 1  # also inside no_sync: used since the last synchronisation
+        if not self._expect_hooks:
+            return  # no_sync, or a backward not preceded by a forward through this wrapper
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
+            if self.find_unused_parameters and not self._unused_marked:
+                self._unused_marked = True
+                for j in range(len(self._params)):
+                    if j != i and j not in self._used_in_graph and not self._ready[j]:
+                        self._mark_ready(j)
+        if self._ready[i]:
+            raise DDPError("ready_twice", name=self.param_names[i])
+        self._mark_ready(i)
+
+    def _copy_into_bucket(self, i: int) -> None:
+        b, k = self._locator[i]
+        bucket = self.buckets[b]
+        view = bucket.buffer[bucket.offsets[k]:bucket.offsets[k] + bucket.numels[k]]
+        g = self._params[i].grad
+        if g is None:  # unused (find_unused_parameters=True): contributes zeros
+            view.zero_()
+        else:  # divide while copying, like PyTorch's reducer: sum of grad/world = average
+            torch.mul(g.detach().reshape(-1), 1.0 / self.world_size, out=view)
+
+    def _mark_ready(self, i: int) -> None:
+        self._ready[i] = True
+        bucket = self.buckets[self._locator[i][0]]
+        bucket.pending -= 1
+        if self.overlap:
+            self._copy_into_bucket(i)
+            if bucket.pending == 0:
+                self._launch_ready_buckets()
+
+    def _launch_ready_buckets(self) -> None:
+        # In bucket order only: every rank must issue its collectives in the same order.
+        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
+            bucket = self.buckets[self._next_bucket]
+            bucket.work = dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True)
+            bucket.launched_in_backward = not self._in_finalize
+            self._count(bucket.nbytes)
+            self._step_launched_in_backward += bucket.launched_in_backward
+            self._next_bucket += 1
+
+    def _count(self, nbytes: int) -> None:
+        self._step_collectives += 1
+        self._step_bytes += nbytes
+
+    def _finalize_backward(self) -> None:
+        """Runs on the autograd engine when backward ends: wait for every bucket, write the averaged
+        gradients back into ``param.grad``."""
+        self._in_finalize = True
+        try:
+            if self.find_unused_parameters:  # parameters in the graph whose hook did not fire
+                for j in range(len(self._params)):
+                    if not self._ready[j]:
+                        self._mark_ready(j)
+            missing = [j for j in range(len(self._params)) if not self._ready[j]]
+            if missing:
+                for b in self.buckets:  # launched ones were launched on every rank: let them finish
+                    if b.work is not None:
+                        b.work.wait()
+                raise DDPError("unused_params", rank=self.rank, count=len(missing),
+                               names=", ".join(self.param_names[j] for j in missing),
+                               buckets=sorted({self._locator[j][0] for j in missing}))
+            if not self.overlap:
+                for j in range(len(self._params)):
+                    self._copy_into_bucket(j)
+            self._launch_ready_buckets()
+            used_work = used = None
+            if self.find_unused_parameters:
+                used = self._locally_used.clone()
+                used_work = dist.all_reduce(used, group=self.process_group, async_op=True)
+                self._count(used.numel() * used.element_size())
+            for b in self.buckets:
+                b.work.wait()
+            if used_work is not None:
+                used_work.wait()
+                used = used.cpu()
+            unused: list[str] = []
+            with torch.no_grad():
+                for b in self.buckets:
+                    for k, i in enumerate(b.params):
+                        p = self._params[i]
+                        if used is not None and int(used[i]) == 0:
+                            unused.append(self.param_names[i])
+                            continue  # unused on every rank: .grad untouched, as in PyTorch
+                        avg = b.buffer[b.offsets[k]:b.offsets[k] + b.numels[k]].view_as(p)
+                        if p.grad is None:  # used elsewhere, not here: gets the average too
+                            p.grad = avg.clone()
+                        else:
+                            p.grad.copy_(avg)
+            self._locally_used.zero_()
+            self.sync_steps += 1
+            self.total_collectives += self._step_collectives
+            self.total_bytes += self._step_bytes
+            self.last_step = {"collectives": self._step_collectives, "bytes": self._step_bytes,
+                              "launched_in_backward": self._step_launched_in_backward,
+                              "globally_unused": unused}
+        finally:
+            self._reset_iteration()
+
+    # ---------------------------------------------------------------- introspection
+    def stats(self) -> dict:
+        """Counters: buckets and their sizes, collectives issued (construction, total, last step),
+        bytes all-reduced (total, last step), buckets launched while backward still ran."""
+        return {
+            "world_size": self.world_size,
+            "num_params": len(self._params),
+            "num_buckets": len(self.buckets),
+            "bucket_numels": [b.buffer.numel() for b in self.buckets],
+            "bucket_params": [list(b.names) for b in self.buckets],
+            "init_collectives": self.init_collectives,
+            "total_collectives": self.total_collectives,
+            "total_bytes": self.total_bytes,
+            "sync_steps": self.sync_steps,
+            "step_collectives": self.last_step["collectives"],
+            "step_bytes": self.last_step["bytes"],
+            "launched_in_backward": self.last_step["launched_in_backward"],
+            "globally_unused": list(self.last_step["globally_unused"]),
+        }
+
+    def extra_repr(self) -> str:
+        return (f"world_size={self.world_size}, buckets={len(self.buckets)}, bucket_cap_mb={self.bucket_cap_mb:g}, "
+                f"overlap={self.overlap}, find_unused_parameters={self.find_unused_parameters}")
+
+
+# ------------------------------------------------------------------------------------ baseline
+def naive_allreduce_grads(model: nn.Module, group=None) -> dict:
+    """The baseline: after backward, one blocking all-reduce per parameter gradient, then divide by
+    the world size. Returns ``{"collectives": n, "bytes": b}``.
+
+    Every rank must have the same parameters with a gradient (a ``None`` gradient on one rank only
+    would pair different tensors across ranks). No-op on a world of one.
+    """
+    _, ws = _world(group)
+    issued = nbytes = 0
+    if ws == 1:
+        return {"collectives": 0, "bytes": 0}
+    for p in model.parameters():  # tied parameters listed once
+        if p.grad is None:
+            continue
+        dist.all_reduce(p.grad, group=group)
+        p.grad.div_(ws)
+        issued += 1
+        nbytes += p.grad.numel() * p.grad.element_size()
+    return {"collectives": issued, "bytes": nbytes}
+
+
+# ------------------------------------------------------------------------------------ benchmark
+def bench_ddp(repeats: int = 5, nproc: int = 2, steps: int = 20, d_hidden: int = 256, depth: int = 4,
+              batch: int = 64, timeout: float = 300) -> dict:
+    """Step time of :class:`DDP` against ``torch.nn.parallel.DistributedDataParallel`` on ``nproc``
+    CPU ranks, measured in the same run (``dtrain_lab.demos.ddp_step_time``). Returns a bench row::
+
+        {"name": "ddp_step_time", "ratio": ours / torch, "ours_s": ..., "torch_s": ..., ...}
+
+    ``ratio`` compares median step times (forward + backward + SGD step, ``steps`` steps per timed
+    block, blocks of each variant alternated ``repeats`` times). Also reported: ``no_overlap_s`` and
+    ``naive_s`` (one all-reduce per parameter) with their ratios to PyTorch.
+    """
+    from .launch import launch
+
+    r = launch("dtrain_lab.demos.ddp_step_time", nproc=nproc, timeout=timeout, quiet=True,
+               args=[repeats, steps, d_hidden, depth, batch])
+    if not r.ok:
+        raise RuntimeError(r.summary())
+    m = r.metrics[0]
+    row = {"name": "ddp_step_time", "nproc": nproc, "backend": m["backend"], "repeats": repeats, "steps": steps,
+           "params": m["params"], "buckets": m["buckets"], "ours_s": m["ours_s"], "torch_s": m["torch_s"],
+           "no_overlap_s": m["no_overlap_s"], "naive_s": m["naive_s"]}
+    row["ratio"] = row["ours_s"] / row["torch_s"]
+    row["no_overlap_ratio"] = row["no_overlap_s"] / row["torch_s"]
+    row["naive_ratio"] = row["naive_s"] / row["torch_s"]
+    return row

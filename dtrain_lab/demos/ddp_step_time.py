@@ -1,0 +1,85 @@
+"""Step time of dtrain_lab's DDP against PyTorch's DistributedDataParallel, in the same run.
+
+    torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.ddp_step_time [repeats] [steps] [d_hidden] [depth] [batch]
+
+Four variants train the same MLP on the same data: ``torch`` (DistributedDataParallel), ``ours``
+(:class:`dtrain_lab.ddp.DDP`, overlap on), ``no_overlap`` (ours, buckets reduced after backward) and
+``naive`` (one blocking all-reduce per parameter after backward). Timed blocks of ``steps`` steps
+(forward, backward, SGD step) alternate between the variants ``repeats`` times, so that drifting load
+hits all alike; a variant's time is the median over its blocks of the slowest rank's seconds per
+step. Rank 0 reports them. CPU/gloo figures: they say nothing about NCCL on GPUs.
+"""
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from dtrain_lab import runtime
+from dtrain_lab.ddp import DDP, naive_allreduce_grads
+from dtrain_lab.models import MLP, count_params
+
+
+def main() -> None:
+    rt = runtime.current()
+    argv = [int(float(a)) for a in sys.argv[1:]]
+    repeats, steps, d_hidden, depth, batch = (argv + [5, 20, 256, 4, 64][len(argv):])[:5]
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)  # CPU ranks share the machine's cores: no oversubscription
+    g = torch.Generator().manual_seed(1 + rt.rank)
+    x = torch.randn(batch, 64, generator=g).to(rt.device)
+    y = torch.randn(batch, 16, generator=g).to(rt.device)
+    cuda = torch.device(rt.device).type == "cuda"
+
+    def make(kind):
+        model = MLP(64, d_hidden, 16, depth=depth, seed=0).to(rt.device)
+        if kind == "torch":
+            net = DistributedDataParallel(model, device_ids=[rt.device] if cuda else None)
+        elif kind == "ours":
+            net = DDP(model)
+        elif kind == "no_overlap":
+            net = DDP(model, overlap=False)
+        else:
+            net = model
+        return net, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    variants = {k: make(k) for k in ("torch", "ours", "no_overlap", "naive")}
+
+    def step(kind):
+        net, opt = variants[kind]
+        opt.zero_grad(set_to_none=True)
+        F.mse_loss(net(x), y).backward()
+        if kind == "naive":
+            naive_allreduce_grads(net)
+        opt.step()
+
+    for kind in variants:  # warm-up (PyTorch DDP rebuilds its buckets after the first step)
+        for _ in range(3):
+            step(kind)
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    t = torch.zeros(1, device=rt.device)
+    for _ in range(repeats):
+        for kind in variants:
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step(kind)
+            if cuda:
+                torch.cuda.synchronize()
+            t[0] = (time.perf_counter() - t0) / steps
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            times[kind].append(float(t.item()))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ours = variants["ours"][0]
+    runtime.report(backend=rt.backend, world_size=rt.world_size, params=count_params(ours.module),
+                   buckets=ours.stats()["num_buckets"], ours_s=med["ours"], torch_s=med["torch"],
+                   no_overlap_s=med["no_overlap"], naive_s=med["naive"], samples=times)
+    runtime.print0(" ".join(f"{k}={v * 1e3:.2f}ms" for k, v in med.items())
+                   + f"  ours/torch={med['ours'] / med['torch']:.2f}")
+
+
+if __name__ == "__main__":
+    runtime.entrypoint(main)
