@@ -86,18 +86,32 @@ def ring_bytes_sent(nbytes: float, p: int) -> float:
 
 
 def fit_alpha_beta(sizes: list[float], seconds: list[float]) -> tuple[float, float]:
-    """Least-squares fit of ``t = α + n·β`` to measured (size, time) points: (α, β)."""
+    """Fit ``t = α + n·β`` to measured (size, time) points; returns (α, β), both ≥ 0, β > 0.
+
+    Theil-Sen: β is the median of the slopes between all pairs of points, α the median of
+    ``t - n·β``. Unlike least squares, one disturbed measurement (another process took the core)
+    cannot tilt the line. If noise still leaves no positive slope, β falls back to ``t/n`` of the
+    largest message (the bandwidth bound with α = 0), so the fitted bandwidth is never infinite.
+    """
     n = len(sizes)
     if n < 2 or n != len(seconds):
         raise ValueError("need at least two (size, time) pairs")
-    mx = sum(sizes) / n
-    my = sum(seconds) / n
-    sxx = sum((x - mx) ** 2 for x in sizes)
-    if sxx == 0:
+    if len(set(sizes)) < 2:
         raise ValueError("sizes must not all be equal")
-    beta = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx
-    alpha = my - beta * mx
-    return max(alpha, 0.0), max(beta, 0.0)
+    slopes = sorted((seconds[j] - seconds[i]) / (sizes[j] - sizes[i])
+                    for i in range(n) for j in range(i + 1, n) if sizes[j] != sizes[i])
+    beta = _median(slopes)
+    if not beta > 0:
+        k = max(range(n), key=lambda i: sizes[i])
+        beta = seconds[k] / sizes[k]
+    alpha = _median([t - x * beta for x, t in zip(sizes, seconds)])
+    return max(alpha, 0.0), beta
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    m = len(v) // 2
+    return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
 
 
 def amdahl_speedup(parallel_fraction: float, n: int) -> float:

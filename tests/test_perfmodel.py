@@ -90,3 +90,15 @@ def test_fit_collective_inverts_the_model():
         secs = [pm.collective_time("all_reduce", n, p, a, b) for n in sizes]
         alpha, beta = pm.fit_collective("all_reduce", sizes, secs, p)
         assert alpha == pytest.approx(a, rel=1e-6) and beta == pytest.approx(b, rel=1e-6)
+
+
+def test_fit_survives_an_outlier_and_noise():
+    a, b = 1e-3, 1e-9
+    sizes = [4.0 ** k * 1024 for k in range(6)]
+    secs = [a + s * b for s in sizes]
+    secs[1] *= 20  # one disturbed measurement
+    alpha, beta = pm.fit_alpha_beta(sizes, secs)
+    assert beta == pytest.approx(b, rel=0.05) and alpha == pytest.approx(a, rel=0.05)
+    # pure noise with a falling trend: β stays positive (bandwidth finite)
+    alpha, beta = pm.fit_alpha_beta([1e3, 1e4, 1e5], [3e-3, 2e-3, 1e-3])
+    assert beta > 0 and alpha >= 0
