@@ -30,7 +30,7 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -p no:cacheprovider \
-	  tests lessons/zh lessons/en --nbval --nbval-current-env \
+	  tests lessons/zh lessons/en labs/zh labs/en solutions/zh solutions/en --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600 $(PYTEST_ARGS)
 
 bench: $(STAMP)

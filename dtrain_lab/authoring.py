@@ -41,16 +41,52 @@ class Cell:
     text: dict                 # lang -> text (md), or {"*": text} for code
     line: int                  # where it starts in the source
 
-    def source(self, lang: str) -> str:
+    def source(self, lang: str, variant: str = "solution") -> str:
         if self.kind == "md":
             return self.text[lang]
         if self.kind == "setup":
             return self.text["*"].replace("{LANG}", lang)
-        return self.text["*"]
+        return render(self.text["*"], variant)
 
 
 class SourceError(ValueError):
     pass
+
+
+_BLOCK = re.compile(r"^### (BEGIN|END) (SOLUTION|STUB)\s*$")
+
+
+def render(code: str, variant: str) -> str:
+    """The code of a cell for the ``solution`` notebook or the ``learner`` copy.
+
+    ``### BEGIN SOLUTION`` … ``### END SOLUTION`` is kept in the solution and dropped from the
+    learner's copy; ``### BEGIN STUB`` … ``### END STUB`` is the reverse (what the learner starts
+    from: a stub or the broken program to fix). The marker lines themselves never appear.
+    """
+    out, mode = [], None
+    for line in code.split("\n"):
+        m = _BLOCK.match(line.strip())
+        if m:
+            kind = m.group(2).lower()
+            if m.group(1) == "BEGIN":
+                if mode is not None:
+                    raise SourceError(f"nested {kind} block")
+                mode = kind
+            else:
+                if mode != kind:
+                    raise SourceError(f"END {kind.upper()} without BEGIN")
+                mode = None
+            continue
+        if mode is None or (mode == "solution") == (variant == "solution"):
+            out.append(line)
+    if mode is not None:
+        raise SourceError(f"unterminated {mode} block")
+    return "\n".join(out)
+
+
+def blocks(code: str) -> dict:
+    """``{"solution": text, "learner": text}`` of one code cell."""
+    return {v: render(code, v) for v in ("solution", "learner")}
 
 
 _MARK = re.compile(r"^%% (md|en|zh|code|setup)\s*$")
@@ -104,17 +140,17 @@ def parse(text: str, name: str = "<source>") -> list[Cell]:
     return cells
 
 
-def to_notebook(cells: list[Cell], lang: str, source_name: str):
+def to_notebook(cells: list[Cell], lang: str, source_name: str, variant: str = "solution"):
     import nbformat
 
     nb = nbformat.v4.new_notebook()
     nb.metadata = {
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
-        "dtrain_lab": {"lang": lang, "source": source_name},
+        "dtrain_lab": {"lang": lang, "source": source_name, "variant": variant},
     }
     for i, c in enumerate(cells):
-        src = c.source(lang)
+        src = c.source(lang, variant)
         cell = nbformat.v4.new_markdown_cell(src) if c.kind == "md" else nbformat.v4.new_code_cell(src)
         cell["id"] = f"cell-{i:03d}"  # same id in both languages: cells pair up by id
         if c.kind == "setup":
@@ -124,16 +160,22 @@ def to_notebook(cells: list[Cell], lang: str, source_name: str):
 
 
 def sources(kind: str = "lessons") -> list[Path]:
-    return sorted((ROOT / kind / "_source").glob("*.md"))
+    """Sources behind ``kind``'s notebooks: labs are generated from the solutions' sources."""
+    folder = "solutions" if kind == "labs" else kind
+    return sorted((ROOT / folder / "_source").glob("*.md"))
 
 
-def notebook_path(source: Path, lang: str) -> Path:
-    return source.parent.parent / lang / (source.stem + ".ipynb")
+def notebook_path(source: Path, lang: str, kind: str | None = None) -> Path:
+    kind = kind or source.parent.parent.name
+    return ROOT / kind / lang / (source.stem + ".ipynb")
 
 
-def build(source: Path) -> dict:
+def build(source: Path, kind: str | None = None) -> dict:
+    """``{lang: notebook}`` for ``kind`` ("lessons", "solutions" or "labs", the learner copy)."""
+    kind = kind or source.parent.parent.name
+    variant = "learner" if kind == "labs" else "solution"
     cells = parse(source.read_text(encoding="utf-8"), str(source.relative_to(ROOT)))
-    return {lang: to_notebook(cells, lang, str(source.relative_to(ROOT))) for lang in LANGS}
+    return {lang: to_notebook(cells, lang, str(source.relative_to(ROOT)), variant) for lang in LANGS}
 
 
 def _strip_measured(nb) -> None:
@@ -176,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         for src in sources(kind):
             if args.names and not any(n in src.stem for n in args.names):
                 continue
-            for lang, nb in build(src).items():
-                out = notebook_path(src, lang)
+            for lang, nb in build(src, kind).items():
+                out = notebook_path(src, lang, kind)
                 if args.command == "execute":
                     print(f"executing {out.relative_to(ROOT)} ...", flush=True)
                     execute(nb, out.parent)

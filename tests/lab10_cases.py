@@ -1,39 +1,64 @@
-"""Shared by the lab-10 grading tests (split in two files so pytest-xdist runs them in parallel)."""
+"""Shared by the lab-10 grading tests (split in two files so pytest-xdist runs them in parallel).
+
+Solutions and learner stubs come from the lab's one source, solutions/_source/lab_10_deadlocks.md
+(the notebooks are generated from it); plausible wrong fixes live in tests/submissions/lab10/."""
 import time
 
-
-
 from conftest import ROOT
+from dtrain_lab import authoring
 from dtrain_lab.grading import grade, registry
 
-SUBMISSIONS = ROOT / "tests" / "submissions" / "lab10"
+SOURCE = ROOT / "solutions" / "_source" / "lab_10_deadlocks.md"
+WRONG = ROOT / "tests" / "submissions" / "lab10"
+STUB_LINE = "# YOUR CODE HERE"
+
+
+def programs() -> dict:
+    """``{name: {"solution": code, "learner": code}}`` from the lab's %%writefile cells."""
+    out = {}
+    for cell in authoring.parse(SOURCE.read_text(encoding="utf-8")):
+        text = cell.text.get("*", "")
+        if cell.kind == "code" and text.startswith("%%writefile lab10_"):
+            first, _, body = text.partition("\n")
+            out[first.split()[1][len("lab10_"):-len(".py")]] = authoring.blocks(body)
+    return out
+
+
+PROGRAMS = programs()
 NAMES = sorted(e.id.split(".", 1)[1] for e in registry.all_exercises() if e.lab == "lab_10")
+assert sorted(PROGRAMS) == NAMES, "every lab-10 exercise has one %%writefile cell in the lab"
+HALVES = (NAMES[:4], NAMES[4:])
+
+
+def broken(name: str) -> str:
+    """The learner's starting program without the stub marker: what a learner who changes nothing submits."""
+    return "\n".join(line for line in PROGRAMS[name]["learner"].split("\n") if STUB_LINE not in line)
 
 
 def check_exercise(name, tmp_path):
     ex_id = f"lab10.{name}"
     ex = registry.get(ex_id)
-    solution = grade(ex_id, SUBMISSIONS / f"{name}_solution.py", lang="en")
+
+    def submit(code: str, tag: str):
+        path = tmp_path / tag / ex.filename
+        path.parent.mkdir()
+        path.write_text(code)
+        return path
+
+    solution = grade(ex_id, submit(PROGRAMS[name]["solution"], "solution"), lang="en")
     assert solution.passed and solution.outcome == "pass" and solution.score == ex.max_score, solution.feedback
 
     t0 = time.monotonic()
-    broken = grade(ex_id, SUBMISSIONS / f"{name}_broken.py", lang="en")
-    assert not broken.passed and broken.outcome in ("wrong", "crash", "hang"), broken.feedback
-    if broken.outcome == "hang":  # graded within the exercise's limit + 15 s (start-up excluded)
-        assert "rank 0:" in broken.feedback and "rank 1:" in broken.feedback
+    v = grade(ex_id, submit(broken(name), "broken"), lang="en")
+    assert not v.passed and v.outcome in ("wrong", "crash", "hang"), v.feedback
+    if v.outcome == "hang":  # graded within the exercise's limit + 15 s (start-up excluded)
+        assert "rank 0:" in v.feedback and "rank 1:" in v.feedback
     assert time.monotonic() - t0 < 60 + len(ex.world_sizes) * (ex.timeout + 15)
 
-    wrong = grade(ex_id, SUBMISSIONS / f"{name}_wrong.py", lang="zh")
+    wrong = grade(ex_id, WRONG / f"{name}_wrong.py", lang="zh")
     assert not wrong.passed and wrong.outcome in ("wrong", "crash", "hang"), wrong.feedback
     assert any("\u4e00" <= ch <= "\u9fff" for ch in wrong.feedback)   # feedback in the learner's language
 
-    # the learner's copy: the broken program plus the stub marker -> "not yet", without running it
-    stub = tmp_path / ex.filename
-    stub.write_text("# YOUR CODE HERE: fix the program below\n" + (SUBMISSIONS / f"{name}_broken.py").read_text())
-    v = grade(ex_id, stub, lang="en")
-    assert not v.passed and v.outcome == "error" and "not attempted" in v.feedback
-
-
-assert len(NAMES) == 8
-HALVES = (NAMES[:4], NAMES[4:])
-
+    # the learner's copy as generated: the stub marker is there -> "not yet", without running anything
+    stub = grade(ex_id, submit(PROGRAMS[name]["learner"], "learner"), lang="en")
+    assert not stub.passed and stub.outcome == "error" and "not attempted" in stub.feedback

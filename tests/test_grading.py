@@ -11,7 +11,9 @@ from conftest import ROOT
 from dtrain_lab.grading import (exercises, grade, grade_folder, gradescope_results, registry,
                                 submissions_in_notebook)
 
-GOOD = (ROOT / "tests" / "submissions" / "lab10" / "rank_branch_solution.py").read_text()
+from lab10_cases import PROGRAMS  # noqa: E402
+
+GOOD = PROGRAMS["rank_branch"]["solution"]
 HEADER = "import os, sys, time, torch\nimport torch.distributed as dist\nfrom dtrain_lab.grading.lab10 import local_loss\n"
 
 
@@ -87,7 +89,7 @@ def _notebook(cells):
 
 @pytest.mark.timeout(300)
 def test_folder_of_notebooks_cli_json_and_gradescope(tmp_path):
-    solution = (ROOT / "tests/submissions/lab10/rank_branch_solution.py").read_text()
+    solution = GOOD
     wrong = (ROOT / "tests/submissions/lab10/rank_branch_wrong.py").read_text()
     folder = tmp_path / "class"
     folder.mkdir()

@@ -85,8 +85,8 @@ def test_parity(zh_path, en_path):
 @pytest.mark.parametrize("kind", KINDS)
 def test_notebooks_are_generated_from_their_sources(kind):
     for src in authoring.sources(kind):
-        for lang, nb in authoring.build(src).items():
-            path = authoring.notebook_path(src, lang)
+        for lang, nb in authoring.build(src, kind).items():
+            path = authoring.notebook_path(src, lang, kind)
             assert path.exists(), f"{path} missing: run `make notebooks`"
             stored = load(path)
             want = [(c.cell_type, c.source) for c in nb.cells]
@@ -136,6 +136,11 @@ def test_source_parser_rejects_broken_sources():
         authoring.parse("%% code\nx = 1\n")  # no setup cell
     with pytest.raises(authoring.SourceError):
         authoring.parse("%% setup\nx=1\n%% en\nstray\n")
+    code = "x = 0\n### BEGIN SOLUTION\nx = 42\n### END SOLUTION\n### BEGIN STUB\n# YOUR CODE HERE\n### END STUB\nprint(x)"
+    assert authoring.render(code, "solution") == "x = 0\nx = 42\nprint(x)"
+    assert authoring.render(code, "learner") == "x = 0\n# YOUR CODE HERE\nprint(x)"
+    with pytest.raises(authoring.SourceError):
+        authoring.render("### BEGIN SOLUTION\nx = 1\n", "learner")
     cells = authoring.parse("%% setup\nset_lang('{LANG}')\n%% md\n%% en\nHi\n%% zh\n你好\n%% code\nprint(1)\n")
     assert [c.kind for c in cells] == ["setup", "md", "code"]
     assert cells[0].source("zh") == "set_lang('zh')"
