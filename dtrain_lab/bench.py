@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from .launch import launch
+from .launch import PACKAGE_PARENT, launch
 from .perfmodel import human_bytes
 
 SCRIPT = Path(__file__).resolve().parent / "demos" / "hello.py"
@@ -35,7 +35,7 @@ SCRIPT = Path(__file__).resolve().parent / "demos" / "hello.py"
 
 def _bare_torchrun(nproc: int) -> float:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPT.parent.parent.parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([PACKAGE_PARENT, env.get("PYTHONPATH", "")])
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                     str(SCRIPT)], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

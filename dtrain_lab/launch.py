@@ -86,6 +86,7 @@ class LaunchResult:
     log_dir: str = ""
     command: list[str] = field(default_factory=list)
     killed: int = 0                          # processes the launcher had to kill
+    limit: float = 0.0                       # the time limit that ran out, for a hang
 
     @property
     def output(self) -> dict[int, str]:
@@ -118,7 +119,7 @@ class LaunchResult:
             lines.append(tr("launch_interrupted", lang))
         elif self.hung:
             key = "launch_hung_startup" if self.phase == "startup" else "launch_hung"
-            lines.append(tr(key, lang, limit=self._limit))
+            lines.append(tr(key, lang, limit=self.limit))
             for r in self.ranks:
                 if r.waiting is None:
                     lines.append(tr("where_unknown", lang, rank=r.rank))
@@ -137,8 +138,6 @@ class LaunchResult:
             start = "" if self.startup is None else f", start-up {self.startup:.1f} s"
             lines.append(f"  [{self.elapsed:.1f} s{start}]")
         return "\n".join(lines)
-
-    _limit: float = 0.0
 
     def __repr__(self) -> str:
         state = "hung" if self.hung else ("ok" if self.ok else f"failed rc={self.returncode}")
@@ -375,8 +374,7 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
         for path in glob.glob(str(log_dir / "*" / "attempt_*" / "*" / "std*.log")):
             if path not in tails:
                 parts = Path(path).parts
-                local, attempt = int(parts[-2]), int(parts[-3].split("_")[1])
-                tails[path] = (rank_base + local, "stderr" if path.endswith("stderr.log") else "stdout", _Tail(path))
+                tails[path] = (rank_base + int(parts[-2]), "stderr" if path.endswith("stderr.log") else "stdout", _Tail(path))
         for path, (rank, stream, tail) in sorted(tails.items()):
             for text in tail.read(final):
                 rr = ranks.setdefault(rank, RankResult(rank=rank))
@@ -490,9 +488,8 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
         elapsed=elapsed, startup=None if ready_wall is None else max(0.0, ready_wall - wall0),
         phase=phase, interrupted=interrupted, first_failure=first_failure, exception=exception,
         ranks=[ranks[r] for r in sorted(ranks)], agent_output=agent_output, log_dir=str(job_dir),
-        command=cmd, killed=killed,
+        command=cmd, killed=killed, limit=limit,
     )
-    result._limit = limit
     display.finish(_grouped(result) if display.notebook else "", result.summary())
     if interrupted:
         raise KeyboardInterrupt
