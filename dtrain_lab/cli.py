@@ -6,6 +6,7 @@
     dtrain-lab grade lab10.rank_branch my_fix.py     # grade one file; or a lab notebook, or a folder
     dtrain-lab grade --list | --json | --gradescope results.json
     dtrain-lab nccl lint [--file .env] | nccl doctor # NCCL/PyTorch variables; this machine's set-up
+    dtrain-lab doctor [--json]                       # the same as ``nccl doctor``
     dtrain-lab bench [--quick]                       # benchmarks (ratios against references)
 """
 from __future__ import annotations
@@ -68,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("nccl", help="nccl lint | nccl doctor: check NCCL/PyTorch env vars and this machine")
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("--quick", action="store_true")
+    sub.add_parser("doctor", help="inspect this machine for distributed training (= nccl doctor)")
     argv = list(sys.argv[1:] if argv is None else argv)
+    for i in (0, 2):   # ``dtrain-lab [--lang L] doctor ...`` is ``nccl doctor``
+        if argv[i:i + 1] == ["doctor"] and (i == 0 or argv[0] == "--lang"):
+            argv[i:i + 1] = ["nccl", "doctor"]
     if argv[:1] == ["nccl"] or argv[2:3] == ["nccl"] and argv[0] == "--lang":
         # dtrain-lab nccl lint [--file F] [--json] | dtrain-lab nccl doctor [--json]
         from . import nccl

@@ -102,6 +102,9 @@ def wait_site(stack_text: str) -> WaitSite | None:
             call = f.func
             break
     user = next((f for f in frames if not _is_library(f)), frames[0])
+    if call is None and any("torch/autograd/" in f.file for f in frames):
+        # inside the C++ autograd engine: DDP's gradient all-reduce runs from hooks in backward
+        call = "backward"
     if call is None:
         # not in torch.distributed: name the statement the rank is executing (a C call such as
         # time.sleep has no Python frame of its own, so its caller's line is the best evidence)
@@ -117,3 +120,100 @@ def format_stack(stack_text: str, limit: int = 12) -> str:
         return ""
     frames = list(reversed(t.frames))[-limit:]
     return "\n".join(f"    {f.short}" for f in frames)
+
+
+# ------------------------------------------------------------------------------------ diagnosis
+# Patterns in the first failure's message -> a diagnosis key (messages in dtrain_lab.i18n).
+_EXCEPTION_PATTERNS = (
+    ("Detected mismatch between collectives", "diag_desync_detected"),
+    ("failed to pass monitoredBarrier", "diag_monitored_barrier"),
+    ("Expected to have finished reduction", "diag_unused_parameters"),
+    ("EADDRINUSE", "diag_address_in_use"),
+    ("Received data size doesn't match", "diag_size_mismatch"),
+    ("Timed out waiting", "diag_pg_timeout"),
+    ("Watchdog caught collective operation timeout", "diag_pg_timeout"),
+)
+
+
+def diagnose(result, lang: str | None = None) -> list[str]:
+    """What a :class:`~dtrain_lab.launch.LaunchResult` of a failed or hung job most likely means.
+
+    Reads the same evidence an engineer would: which collective each rank of a hung job waits in
+    (different collectives: the ranks' programs diverged; one rank outside any collective: it is
+    stuck in its own code; all in the same one: look at the network or at a rank outside this job),
+    and the first failure's message (desync detected, a named rank missing a monitored barrier,
+    DDP's unused-parameter error, a busy port, a size mismatch, a process-group timeout).
+    Returns one hint per line, in the learner's language; empty for a job that ended well.
+    """
+    from .i18n import tr
+
+    hints: list[str] = []
+    if getattr(result, "hung", False):
+        if result.phase == "startup":
+            return [tr("diag_startup", lang)]
+        sites = {r.rank: r.waiting for r in result.ranks}
+        calls = {rank: (w.call if w else None) for rank, w in sites.items()}
+        in_dist = {rank: c for rank, c in calls.items() if c is not None and _is_collective(sites[rank])}
+        outside = sorted(rank for rank in calls if rank not in in_dist)
+        if outside and in_dist:
+            hints.append(tr("diag_rank_outside", lang, ranks=", ".join(map(str, outside)),
+                            waiting=", ".join(f"{r}: {c}" for r, c in sorted(in_dist.items()))))
+        elif len(set(in_dist.values())) > 1:
+            hints.append(tr("diag_different_collectives", lang,
+                            calls="; ".join(f"rank {r}: {c}" for r, c in sorted(in_dist.items()))))
+            if "backward" in in_dist.values():
+                hints.append(tr("diag_uneven", lang))
+        elif in_dist:
+            hints.append(tr("diag_same_collective", lang, call=next(iter(in_dist.values()))))
+        return hints
+    if getattr(result, "ok", True):
+        return hints
+    message = result.exception or ""
+    for pattern, key in _EXCEPTION_PATTERNS:
+        if pattern in message:
+            hints.append(tr(key, lang, rank=result.first_failure))
+            break
+    if not hints:
+        from .launch import _is_secondary
+
+        key = "diag_secondary" if _is_secondary(message) else "diag_first_failure"
+        hints.append(tr(key, lang, rank=result.first_failure))
+    return hints
+
+
+def _is_collective(site: WaitSite | None) -> bool:
+    """The rank waits inside torch.distributed (or in backward, where DDP's all-reduce runs)."""
+    if site is None:
+        return False
+    return site.call == "backward" or any(any(m in f.file for m in _DIST_MARKERS) for f in site.frames)
+
+
+def reproduce_address_in_use(timeout: float = 120.0) -> tuple[int, str]:
+    """Start a real ``torchrun --master-port P`` while another socket already listens on P (what a
+    second job with a hard-coded port meets). Returns torchrun's exit code and its last error line."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import uuid
+
+    from .launch import PACKAGE_PARENT
+
+    with socket.socket() as busy:            # "the first job": holds the port while torchrun starts
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+               "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "dtrain_lab.demos.hello"]
+        job_id = f"busy-port-{uuid.uuid4().hex[:8]}"
+        env = dict(os.environ, PYTHONPATH=str(PACKAGE_PARENT), DTRAIN_JOB_ID=job_id)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+        try:
+            _, stderr = proc.communicate(timeout=timeout)
+        finally:                              # never leave the agent or its worker behind
+            from ._procs import kill_job
+
+            kill_job(job_id, proc)
+    errors = [ln for ln in stderr.splitlines() if "Error" in ln and ":" in ln]
+    return proc.returncode, (errors[-1].strip() if errors else stderr.strip()[-300:])

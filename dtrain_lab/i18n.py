@@ -116,6 +116,31 @@ MESSAGES: dict[str, dict[str, str]] = {
         "en": "This program must run under torchrun with at least {need} processes (world size now {have}).",
         "zh": "这个程序需要在 torchrun 下以至少 {need} 个进程运行（当前 world size 为 {have}）。",
     },
+    # --- compression (lesson 04) ----------------------------------------------------------
+    "compression_bad_ratio": {
+        "en": "ratio (the fraction of gradient entries top-k sends) must be a number in (0, 1], got {value!r}.",
+        "zh": "ratio（top-k 发送的梯度元素比例）必须是 (0, 1] 区间内的数，收到的是 {value!r}。",
+    },
+    "compression_bad_k": {
+        "en": "k must be an integer between 1 and the number of entries ({numel}), got {value!r}.",
+        "zh": "k 必须是 1 到元素个数（{numel}）之间的整数，收到的是 {value!r}。",
+    },
+    "compression_bad_index_dtype": {
+        "en": "index_dtype must be torch.int32 or torch.int64, got {value!r}.",
+        "zh": "index_dtype 只能是 torch.int32 或 torch.int64，收到的是 {value!r}。",
+    },
+    "compression_bad_rank": {
+        "en": "matrix_approximation_rank (PowerSGD's rank r) must be an integer ≥ 1, got {value!r}.",
+        "zh": "matrix_approximation_rank（PowerSGD 的秩 r）必须是 ≥ 1 的整数，收到的是 {value!r}。",
+    },
+    "compression_bad_start_iter": {
+        "en": "start_iter (steps of plain all-reduce before PowerSGD starts) must be an integer ≥ 0, got {value!r}.",
+        "zh": "start_iter（PowerSGD 开始压缩之前先做普通 all-reduce 的步数）必须是 ≥ 0 的整数，收到的是 {value!r}。",
+    },
+    "compression_bad_method": {
+        "en": "Unknown choice {value!r}. Choose one of: {choices}.",
+        "zh": "未知的选项 {value!r}，请从以下选项中选择：{choices}。",
+    },
 }
 
 
@@ -177,3 +202,84 @@ MESSAGES["unknown_exercise"] = {
     "en": "No exercise {id!r}. Known exercises: {known}.",
     "zh": "没有名为 {id!r} 的练习。现有练习：{known}。",
 }
+
+# --- hang / failure diagnosis (dtrain_lab.debug.diagnose) --------------------------------------
+MESSAGES.update({
+    "diag_startup": {
+        "en": "The ranks never finished starting: a rank did not reach init_process_group, or the "
+              "rendezvous address/port/network interface is wrong (lesson 11).",
+        "zh": "各 rank 始终没能完成启动：可能有 rank 没有执行到 init_process_group，或者 rendezvous 的"
+              "地址、端口、网卡配置有误（第 11 课）。",
+    },
+    "diag_rank_outside": {
+        "en": "Rank(s) {ranks} are not in any collective while the others wait in one ({waiting}): "
+              "look at what those ranks are doing (a stuck data loader, I/O, an endless loop, a rank-only branch).",
+        "zh": "rank {ranks} 不在任何集合通信里，其他 rank 却在等（{waiting}）：先看这些 rank 在做什么"
+              "（数据加载卡住、I/O、死循环、只在某个 rank 上执行的分支）。",
+    },
+    "diag_different_collectives": {
+        "en": "The ranks wait in different collectives ({calls}): their programs took different paths "
+              "(a collective under `if rank == ...`, different numbers of steps, a skipped iteration). "
+              "TORCH_DISTRIBUTED_DEBUG=DETAIL turns this into an error that names both collectives.",
+        "zh": "各 rank 停在不同的集合通信里（{calls}）：它们的程序走了不同的路径（集合通信写在 `if rank == ...` 里、"
+              "步数不同、某次迭代被跳过）。设置 TORCH_DISTRIBUTED_DEBUG=DETAIL 可以把它变成一条点名两个集合通信的报错。",
+    },
+    "diag_uneven": {
+        "en": "One rank is still in backward (DDP's gradient all-reduce) while another has moved on: "
+              "uneven inputs. Give every rank the same number of batches (DistributedSampler) or use DDP's join().",
+        "zh": "有 rank 还在 backward 里（DDP 的梯度 All-Reduce），另一个 rank 已经往下走了：这是输入不均衡。"
+              "让每个 rank 的 batch 数相同（DistributedSampler），或者使用 DDP 的 join()。",
+    },
+    "diag_same_collective": {
+        "en": "Every rank waits in the same collective ({call}): the program agrees, the transport does not "
+              "deliver. Check the network (interfaces, firewall), a rank of another node, or a GPU that stopped.",
+        "zh": "所有 rank 都停在同一个集合通信（{call}）里：程序本身是一致的，是数据没送到。"
+              "检查网络（网卡、防火墙）、其他节点上的 rank，或者是否有 GPU 停止响应。",
+    },
+    "diag_desync_detected": {
+        "en": "Desync detected: the ranks issued different collectives (the message names both). Find the "
+              "branch or loop that differs between ranks.",
+        "zh": "检测到不同步：各 rank 发起了不同的集合通信（报错里写明了双方）。去找各 rank 之间不一致的分支或循环。",
+    },
+    "diag_monitored_barrier": {
+        "en": "monitored_barrier named the rank(s) that did not arrive: look at what they were doing.",
+        "zh": "monitored_barrier 已经点名了没有到达的 rank：去看它们当时在做什么。",
+    },
+    "diag_unused_parameters": {
+        "en": "DDP: some parameters got no gradient in the previous step. Use every output in the loss, "
+              "or pass find_unused_parameters=True (slower: it walks the autograd graph every step); "
+              "TORCH_DISTRIBUTED_DEBUG=INFO names the parameters.",
+        "zh": "DDP：上一步里有参数没有得到梯度。让每个输出都参与 loss，或者传 find_unused_parameters=True"
+              "（更慢：每一步都要遍历 autograd 图）；设置 TORCH_DISTRIBUTED_DEBUG=INFO 可以看到是哪些参数。",
+    },
+    "diag_address_in_use": {
+        "en": "The rendezvous port is already taken (another job, or a previous one still exiting). Use "
+              "--standalone on one machine, or another --master-port / --rdzv-endpoint port.",
+        "zh": "rendezvous 端口已被占用（另一个作业，或上一个作业还没退干净）。单机用 --standalone，"
+              "否则换一个 --master-port / --rdzv-endpoint 端口。",
+    },
+    "diag_size_mismatch": {
+        "en": "Rank {rank} received more data than it expected: the ranks called the same collective with "
+              "tensors of different sizes. TORCH_DISTRIBUTED_DEBUG=DETAIL names both shapes.",
+        "zh": "rank {rank} 收到的数据比预期多：各 rank 用大小不同的张量调用了同一个集合通信。"
+              "设置 TORCH_DISTRIBUTED_DEBUG=DETAIL 可以看到双方的形状。",
+    },
+    "diag_pg_timeout": {
+        "en": "A collective timed out in rank {rank}: some rank did not join it within the process-group "
+              "timeout. If the others were busy on purpose (a long evaluation on one rank), raise the timeout "
+              "of init_process_group or let every rank share the work; otherwise look for a hang.",
+        "zh": "rank {rank} 的一次集合通信超时了：有 rank 没能在进程组超时之内加入。如果其他 rank 是在忙正事"
+              "（比如只在一个 rank 上做很长的评估），就调大 init_process_group 的 timeout，或者让每个 rank 分担；"
+              "否则按挂起来排查。",
+    },
+    "diag_secondary": {
+        "en": "Rank {rank}'s error only says its peer went away: the cause is in another rank's output "
+              "(look for a rank that was killed, e.g. out of memory, with no Python traceback).",
+        "zh": "rank {rank} 的报错只说明通信对端没了：真正的原因在另一个 rank 的输出里"
+              "（找找被杀掉的 rank，比如内存不足，它往往没有 Python traceback）。",
+    },
+    "diag_first_failure": {
+        "en": "Start from rank {rank}'s exception: the other ranks' errors are consequences.",
+        "zh": "从 rank {rank} 的异常看起：其他 rank 的报错都是连带后果。",
+    },
+})

@@ -460,9 +460,17 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
         if r in ranks:
             ranks[r].exception = f"{info.get('type')}: {info.get('message')}"
             ranks[r].traceback = info.get("traceback")
+    recorded = {r for _, r, _ in errors}
+    aborted = []      # ranks that died in C++ (std::terminate): no Python exception was recorded
     for rr in ranks.values():
         if rr.exception is None:
-            rr.exception = _last_exception_line(rr.stderr)
+            native = _native_abort(rr.stderr)
+            if native:
+                rr.exception = native
+                if rr.rank not in recorded:
+                    aborted.append(rr.rank)
+            else:
+                rr.exception = _last_exception_line(rr.stderr)
 
     returncode = proc.returncode
     ok = (not hung and not interrupted and returncode == 0)
@@ -472,8 +480,12 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
         if errors:
             # a peer's "connection closed" is a consequence of another rank's failure: prefer causes
             causes = [e for e in errors if not _is_secondary(str(e[2].get("message", "")))]
-            _, first_failure, info = min(causes or errors, key=lambda e: e[0])
-            exception = f"{info.get('type')}: {info.get('message')}"
+            if not causes and aborted:   # the others only saw the aborted rank's sockets close
+                first_failure = min(aborted)
+                exception = ranks[first_failure].exception
+            else:
+                _, first_failure, info = min(causes or errors, key=lambda e: e[0])
+                exception = f"{info.get('type')}: {info.get('message')}"
         else:
             first_failure = _parse_root_cause(agent_output)
             if first_failure is None:
@@ -503,6 +515,14 @@ SECONDARY_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Br
 def _is_secondary(message: str) -> bool:
     """True for the errors a rank gets because *another* rank died (its peer closed the socket)."""
     return any(s in message for s in SECONDARY_ERRORS)
+
+
+def _native_abort(stderr: str) -> str | None:
+    """The message of a C++ exception that ended a rank through std::terminate (no Python traceback)."""
+    m = re.search(r"terminate called after throwing an instance of '([^']+)'\s*\n\s*what\(\):\s*(.+)", stderr or "")
+    if not m:
+        return None
+    return f"{m.group(1)} (C++ abort): {m.group(2).strip()}"
 
 
 def _signal_or_code(agent_output: str) -> str | None:

@@ -31,3 +31,5 @@ def test_nccl_lint_and_doctor_through_the_command(tmp_path):
     assert cli("nccl", "lint", "--file", str(clean)).returncode == 0
     r = cli("--lang", "en", "nccl", "doctor", "--json")
     assert r.returncode == 0 and "recommendations" in json.loads(r.stdout)
+    top = cli("--lang", "zh", "doctor")          # `dtrain-lab doctor` is the same report
+    assert top.returncode == 0 and "== PyTorch 与 NCCL ==" in top.stdout

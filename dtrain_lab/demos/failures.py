@@ -1,0 +1,139 @@
+"""Lesson 10's broken programs, one function per failure mode, chosen by the first argument.
+
+    torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.failures mismatched_ops
+    torchrun ... -m dtrain_lab.demos.failures unused_parameters [--fix]
+
+Each function runs inside every rank after ``runtime.init()``. They are short on purpose: the bug
+is the point. ``lessons/*/10_hangs_and_deadlocks.ipynb`` launches each one and reads what happens.
+"""
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dtrain_lab import runtime
+
+
+def mismatched_ops(fix: bool = False):
+    """Rank 0 all-reduces, the other ranks broadcast: two different collectives, same tensor size."""
+    rank = dist.get_rank()
+    t = torch.full((4,), float(rank + 1))
+    if rank == 0 or fix:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+    runtime.report(result=t.tolist())
+
+
+def mismatched_shapes(fix: bool = False):
+    """Every rank all-reduces, but rank r's tensor has 4 + r elements (e.g. a last, smaller batch)."""
+    rank = dist.get_rank()
+    t = torch.ones(4 if fix else 4 + rank)
+    dist.all_reduce(t)
+    runtime.report(result=t.tolist())
+
+
+def slow_rank(fix: bool = False):
+    """Rank 1 is stuck (a data loader that never returns); the others wait in a monitored barrier."""
+    rank = dist.get_rank()
+    if rank == 1 and not fix:
+        time.sleep(3600)          # stands for a stuck data loader, a dead NFS mount, ...
+    dist.monitored_barrier(timeout=timedelta(seconds=2), wait_all_ranks=True)
+    runtime.report(passed=True)
+
+
+class TwoHeads(nn.Module):
+    """A model whose second head is used only by some batches (here: never, on every rank)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+        self.head_a = nn.Linear(8, 1)
+        self.head_b = nn.Linear(8, 1)     # e.g. an auxiliary loss that is switched off
+
+    def forward(self, x, use_b: bool = False):
+        h = torch.relu(self.body(x))
+        return self.head_b(h) if use_b else self.head_a(h)
+
+
+def unused_parameters(fix: bool = False):
+    """PyTorch DDP on a model with a head that gets no gradient: the error comes at the *second* step."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(TwoHeads(), find_unused_parameters=fix)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = runtime.data_generator(seed=1)
+    for step in range(3):
+        x = torch.randn(16, 8, generator=gen)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(f"step {step}: loss {loss.item():.4f}")
+        runtime.report(**{f"body_weight_after_step_{step}": model.module.body.weight[0, :3].tolist()})
+    runtime.report(steps=3)
+
+
+def uneven_inputs(fix: bool = False):
+    """Rank r has 3 + r batches (an unevenly split dataset). With ``fix``, DDP's ``join()`` shadows
+    the missing steps of the ranks that ran out."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = runtime.data_generator(seed=2)
+    batches = [torch.randn(16, 8, generator=gen) for _ in range(3 + rank)]
+
+    def train():
+        for x in batches:
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    if fix:
+        with model.join():
+            train()
+    else:
+        train()
+    print(f"rank {rank}: trained on {len(batches)} batches")
+    dist.barrier()            # e.g. "everyone done? then rank 0 saves the checkpoint"
+    runtime.report(batches=len(batches), weight=model.module.weight.detach().flatten().tolist())
+
+
+def debug_overhead(n: int = 300):
+    """Time ``n`` small all-reduces; run it with TORCH_DISTRIBUTED_DEBUG unset and =DETAIL."""
+    t = torch.ones(256)
+    for _ in range(20):
+        dist.all_reduce(t)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dist.all_reduce(t)
+    dt = (time.perf_counter() - t0) / n
+    runtime.report(seconds_per_all_reduce=dt, debug=dist.get_debug_level().name)
+
+
+SCENARIOS = {f.__name__: f for f in (mismatched_ops, mismatched_shapes, slow_rank, unused_parameters,
+                                      uneven_inputs, debug_overhead)}
+
+
+def main() -> None:
+    runtime.current()
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    if name not in SCENARIOS:
+        raise SystemExit(f"usage: failures.py {{{'|'.join(SCENARIOS)}}} [--fix]")
+    if name == "debug_overhead":
+        SCENARIOS[name]()
+    else:
+        SCENARIOS[name](fix="--fix" in sys.argv[2:])
+
+
+if __name__ == "__main__":
+    runtime.entrypoint(main)

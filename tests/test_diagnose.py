@@ -1,0 +1,74 @@
+"""dtrain_lab.debug.diagnose and the launcher's reading of native aborts: fast, no launch (the live
+versions of every case run in lesson 10's notebooks)."""
+from types import SimpleNamespace as NS
+
+import pytest
+
+from dtrain_lab.debug import Frame, WaitSite, diagnose, wait_site
+from dtrain_lab.launch import _native_abort
+
+DIST = "/x/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def site(call, dist=True):
+    frames = [Frame(DIST if dist else "/x/train.py", 1, call)]
+    return WaitSite(call=call, where="train.py:1 in main", frames=frames)
+
+
+def hung(*sites, phase="run"):
+    return NS(hung=True, ok=False, phase=phase, exception=None, first_failure=None,
+              ranks=[NS(rank=i, waiting=s) for i, s in enumerate(sites)])
+
+
+def failed(exception, first=1):
+    return NS(hung=False, ok=False, phase="run", exception=exception, first_failure=first, ranks=[])
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_hang_readings(lang):
+    (h,) = diagnose(hung(site("all_reduce"), site("broadcast")), lang)
+    assert "all_reduce" in h and "broadcast" in h and "DETAIL" in h
+    (h,) = diagnose(hung(site("all_reduce"), site("time.sleep(3600)", dist=False)), lang)
+    assert "1" in h and "all_reduce" in h            # rank 1 is outside any collective
+    (h,) = diagnose(hung(site("all_reduce"), site("all_reduce")), lang)
+    assert "all_reduce" in h                          # same collective: the transport
+    hints = diagnose(hung(site("barrier"), site("backward", dist=False)), lang)
+    assert len(hints) == 2 and "join()" in hints[1]  # uneven inputs
+    (h,) = diagnose(hung(None, None, phase="startup"), lang)
+    assert "init_process_group" in h
+
+
+def test_failure_readings():
+    cases = {
+        "RuntimeError: Detected mismatch between collectives on ranks.": "Desync detected",
+        "RuntimeError: [Rank 0]: Ranks 1 failed to pass monitoredBarrier in 2000 ms": "monitored_barrier",
+        "RuntimeError: Expected to have finished reduction in the prior iteration": "find_unused_parameters",
+        "DistNetworkError: ... name: EADDRINUSE, message: address already in use": "--standalone",
+        "gloo::EnforceNotMet (C++ abort): Received data size doesn't match expected size.": "different sizes",
+        "RuntimeError: Timed out waiting 3000ms for recv operation to complete": "timeout",
+        "RuntimeError: Connection reset by peer": "another rank",
+        "ValueError: bad batch": "rank 1's exception",
+    }
+    for exc, expected in cases.items():
+        (h,) = diagnose(failed(exc), "en")
+        assert expected in h, (exc, h)
+    assert diagnose(NS(hung=False, ok=True), "en") == []
+
+
+def test_native_abort_is_read_from_stderr():
+    stderr = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+              "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 8 vs 4.\n")
+    assert _native_abort(stderr) == ("gloo::EnforceNotMet (C++ abort): [enforce fail at pair.cc:456] "
+                                     "op.preamble.length <= op.nbytes. 8 vs 4.")
+    assert _native_abort("Traceback ...\nValueError: x") is None
+
+
+def test_a_rank_inside_backward_waits_in_backward():
+    dump = ("Current thread 0x00007f (most recent call first):\n"
+            '  File "/v/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward\n'
+            '  File "/v/site-packages/torch/autograd/__init__.py", line 395 in backward\n'
+            '  File "/v/site-packages/torch/_tensor.py", line 623 in backward\n'
+            '  File "/home/me/train.py", line 12 in train\n'
+            '  File "/home/me/train.py", line 30 in <module>\n')
+    w = wait_site(dump)
+    assert w.call == "backward" and w.where == "train.py:12 in train"
