@@ -526,11 +526,12 @@ def _native_abort(stderr: str) -> str | None:
 
 
 def _signal_or_code(agent_output: str) -> str | None:
-    m = re.search(r"exitcode\s*:\s*(-?\d+).*?(?:\n.*?Signal (\d+) \((\w+)\))?", agent_output)
+    m = re.search(r"exitcode\s*:\s*(-?\d+)", agent_output)
     if not m:
         return None
-    if m.group(3):
-        return f"killed by {m.group(3)}"
+    sig = re.search(r"Signal (\d+) \((\w+)\)", agent_output)
+    if sig:
+        return f"killed by {sig.group(2)}"
     return f"exit code {m.group(1)}"
 
 

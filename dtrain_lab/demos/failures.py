@@ -107,6 +107,15 @@ def uneven_inputs(fix: bool = False):
     runtime.report(batches=len(batches), weight=model.module.weight.detach().flatten().tolist())
 
 
+def ddp_under_detail(fix: bool = False):
+    """Wrap a one-layer model in PyTorch's DDP and take one step (run it with debug="DETAIL")."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(nn.Linear(4, 4))
+    model(torch.ones(2, 4)).sum().backward()
+    runtime.report(stepped=True)
+
+
 def debug_overhead(n: int = 300):
     """Time ``n`` small all-reduces; run it with TORCH_DISTRIBUTED_DEBUG unset and =DETAIL."""
     t = torch.ones(256)
@@ -121,7 +130,7 @@ def debug_overhead(n: int = 300):
 
 
 SCENARIOS = {f.__name__: f for f in (mismatched_ops, mismatched_shapes, slow_rank, unused_parameters,
-                                      uneven_inputs, debug_overhead)}
+                                      uneven_inputs, ddp_under_detail, debug_overhead)}
 
 
 def main() -> None:
