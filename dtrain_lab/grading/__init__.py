@@ -9,6 +9,10 @@ raised or died: which rank, which exception), ``hang`` (no progress within the e
 where every rank waits), ``error`` (the submission could not be graded: missing file, missing
 function, still the stub). Every run goes through :func:`dtrain_lab.launch` in its own process
 group with a hard limit; whatever the submission does, a verdict comes back and no process stays.
+
+Exercises with a ``static_check`` (lab 11's ``.env`` files) are read, never run: nothing is launched,
+files larger than :data:`MAX_STATIC_BYTES` or not UTF-8 text are refused, and the verdict is ``pass``,
+``wrong`` (every problem listed) or ``error``.
 """
 from __future__ import annotations
 
@@ -45,7 +49,20 @@ TEXT = {
              "zh": "✗ {title}：在 {n} 个 rank 上挂起（{limit:g} 秒内没有进展）。各 rank 卡在："},
     "hang_startup": {"en": "✗ {title}: the ranks never finished starting on {n} ranks (did every rank create the process group?).",
                      "zh": "✗ {title}：{n} 个 rank 始终没能完成启动（是不是有 rank 没有建立进程组？）。"},
+    # --- static (read, never run) exercises
+    "pass_static": {"en": "✓ {title}: passed.", "zh": "✓ {title}：通过。"},
+    "wrong_static": {"en": "✗ {title}: not right yet ({n} problem(s)):", "zh": "✗ {title}：还不对（{n} 个问题）："},
+    "error_static": {"en": "✗ {title}: {file} could not be graded:", "zh": "✗ {title}：无法给 {file} 评分："},
+    "too_large": {"en": "✗ {title}: {file} is {size} bytes; a submission may be at most {limit} bytes. "
+                        "Is it the right file?",
+                  "zh": "✗ {title}：{file} 有 {size} 字节，提交的文件最多 {limit} 字节。是不是选错了文件？"},
+    "not_text": {"en": "✗ {title}: {file} is not a text file ({why}). "
+                       "Write it with the %%writefile cell above.",
+                 "zh": "✗ {title}：{file} 不是文本文件（{why}）。请用上方的 %%writefile 单元格生成它。"},
+    "check_failed": {"en": "the grader could not check this file: {exc}", "zh": "评分器无法检查这个文件：{exc}"},
 }
+
+MAX_STATIC_BYTES = 64 * 1024   # a configuration file a person wrote is far smaller
 
 
 def _describe_mismatch(mismatch, lang: str) -> str:
@@ -100,17 +117,84 @@ def _verdict(ex: Exercise, outcome: str, feedback: str, lang: str, **details) ->
 def grade(exercise_id: str, submission: str | os.PathLike, *, lang: str | None = None,
           quiet: bool = True) -> Verdict:
     """Grade one submission file for one exercise. Never raises for what the submission does."""
-    from ..launch import launch
-
     lang = lang or get_lang()
     ex = registry.get(exercise_id)
     title = ex.title[lang]
     path = Path(submission)
     if not path.is_file():
         return _verdict(ex, "error", _t("missing_file", lang, title=title, file=path), lang)
+    if ex.static_check is not None:
+        return _grade_static(ex, path, lang)
     source = path.read_text(errors="replace")
     if ex.stub_marker and ex.stub_marker in source:
         return _verdict(ex, "error", _t("not_yet", lang, title=title, file=path.name), lang, not_yet=True)
+    v = _grade_launched(ex, path, lang, quiet)
+    if not v.passed and v.outcome in ("wrong", "crash", "hang") and ex.explain is not None:
+        try:
+            extra = ex.explain(v.outcome, v.feedback, source) or []
+        except Exception:  # noqa: BLE001 - an explanation must never cost the learner the verdict
+            extra = []
+        if extra:
+            v.feedback = "\n".join([v.feedback] + [f"  {p[lang]}" for p in extra])
+    return v
+
+
+def _read_text_submission(ex: Exercise, path: Path, lang: str) -> tuple[str | None, Verdict | None]:
+    """The file's text, or the verdict refusing it: too large, binary, or not UTF-8. The size is
+    checked before reading, and never more than the limit is read."""
+    title = ex.title[lang]
+    try:
+        size = path.stat().st_size
+        if size > MAX_STATIC_BYTES:
+            return None, _verdict(ex, "error", _t("too_large", lang, title=title, file=path.name, size=size,
+                                                  limit=MAX_STATIC_BYTES), lang)
+        with open(path, "rb") as f:
+            data = f.read(MAX_STATIC_BYTES + 1)
+    except OSError as exc:
+        return None, _verdict(ex, "error", _t("missing_file", lang, title=title, file=path), lang, reason=str(exc))
+    if len(data) > MAX_STATIC_BYTES:  # it grew between stat() and read()
+        return None, _verdict(ex, "error", _t("too_large", lang, title=title, file=path.name, size=len(data),
+                                              limit=MAX_STATIC_BYTES), lang)
+    if b"\0" in data:
+        why = "it contains NUL bytes" if lang == "en" else "含有 NUL 字节"
+        return None, _verdict(ex, "error", _t("not_text", lang, title=title, file=path.name, why=why), lang)
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError:
+        why = "not valid UTF-8" if lang == "en" else "不是合法的 UTF-8"
+        return None, _verdict(ex, "error", _t("not_text", lang, title=title, file=path.name, why=why), lang)
+
+
+def _grade_static(ex: Exercise, path: Path, lang: str) -> Verdict:
+    """A submission that is read, never run: nothing is launched, executed or expanded."""
+    title = ex.title[lang]
+    text, refused = _read_text_submission(ex, path, lang)
+    if refused is not None:
+        return refused
+    if ex.stub_marker and ex.stub_marker in text:
+        return _verdict(ex, "error", _t("not_yet", lang, title=title, file=path.name), lang, not_yet=True)
+    try:
+        problems = list(ex.static_check(text, path) or [])
+        problems += [p for check in ex.hidden for p in (check(None, text, path) or [])]
+    except Exception as exc:  # noqa: BLE001 - a verdict, never an exception, whatever the file holds
+        msg = _t("check_failed", lang, exc=f"{type(exc).__name__}: {exc}")
+        return _verdict(ex, "error", "\n".join([_t("error_static", lang, title=title, file=path.name), f"  {msg}"]),
+                        lang)
+    if any(p.get("error") for p in problems):
+        lines = [_t("error_static", lang, title=title, file=path.name)]
+        lines += [f"  {p[lang]}" for p in problems if p.get("error")]
+        return _verdict(ex, "error", "\n".join(lines), lang)
+    if problems:
+        lines = [_t("wrong_static", lang, title=title, n=len(problems))] + [f"  - {p[lang]}" for p in problems]
+        return _verdict(ex, "wrong", "\n".join(lines), lang, problems=problems)
+    return _verdict(ex, "pass", _t("pass_static", lang, title=title), lang)
+
+
+def _grade_launched(ex: Exercise, path: Path, lang: str, quiet: bool) -> Verdict:
+    """Run the submission on every world size of the exercise through the harness."""
+    from ..launch import launch
+
+    title = ex.title[lang]
     elapsed = 0.0
     for n in ex.world_sizes:
         r = launch("dtrain_lab.grading.harness", nproc=n, args=[ex.id, str(path.resolve())],

@@ -26,6 +26,24 @@ def _limit_memory(gb: float) -> None:
         pass
 
 
+def _shorten_pg_timeout(rt, seconds: float) -> None:
+    """Give the default group a short timeout, standing for PyTorch's default (10 minutes for NCCL).
+
+    It is set after a barrier taken under the normal timeout, so that a rank slow to start on a
+    loaded machine cannot trip it: only waits inside the submission count. ``_set_pg_timeout`` is
+    PyTorch's (private) way to change a live group's timeout; the learner's code cannot tell the
+    difference from ``init_process_group(timeout=...)``.
+    """
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    dist.barrier()
+    _set_pg_timeout(datetime.timedelta(seconds=seconds))
+    rt.timeout_s = seconds
+
+
 def main() -> None:
     from dtrain_lab import runtime
     from dtrain_lab.grading import registry, trace
@@ -34,6 +52,8 @@ def main() -> None:
     ex = registry.get(exercise_id)
     _limit_memory(ex.memory_limit_gb)
     rt = runtime.current()
+    if ex.pg_timeout:
+        _shorten_pg_timeout(rt, ex.pg_timeout)   # before tracing: the barrier is the harness's own
     job_dir = os.environ.get("DTRAIN_JOB_DIR", "/tmp")
     trace.install(os.path.join(job_dir, f"trace.{rt.rank}.jsonl"))
 

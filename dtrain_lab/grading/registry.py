@@ -5,6 +5,16 @@ on, its time limit, and ``check``: code that runs inside every rank, right after
 function returned, and compares the result with a reference computed independently. ``checks``
 return a list of ``Problem`` (empty: correct). Instructors add hidden checks with
 :func:`add_hidden_check`; they run like the others and are never in a learner's copy.
+
+Two optional kinds of exercise extend this:
+
+* ``static_check``: the submission is a text file that is *read, never run* (a ``.env`` file, say).
+  ``static_check(text, path)`` returns the problems; nothing is launched. A problem carrying
+  ``"error": True`` means the file could not be graded at all (a malformed line, for example).
+  Hidden checks of such an exercise are called as ``check(None, text, path)``.
+* ``pg_timeout``: a launched exercise about the process-group timeout; the harness shortens the
+  default group's timeout to this many seconds once every rank has joined. ``explain(outcome,
+  feedback, source)`` adds problems to a failed verdict (say, why the timeout tripped).
 """
 from __future__ import annotations
 
@@ -31,6 +41,9 @@ class Exercise:
     lab: str = ""
     hidden: list = field(default_factory=list)
     trace_checks: list = field(default_factory=list)   # f(traces: {rank: [call, ...]}) -> problems
+    static_check: Callable[[str, Any], list] | None = None   # f(text, path) -> problems; never launched
+    pg_timeout: float | None = None    # seconds: the default group's timeout while the submission runs
+    explain: Callable[[str, str, str], list] | None = None   # f(outcome, feedback, source) -> problems
 
     def all_checks(self) -> list:
         return list(self.checks) + list(self.hidden)
@@ -78,6 +91,7 @@ def _load_builtin() -> None:
     import os
 
     from . import lab10  # noqa: F401  (registers its exercises)
+    from . import lab11  # noqa: F401
 
     for name in filter(None, os.environ.get("DTRAIN_HIDDEN_CHECKS", "").split(",")):
         importlib.import_module(name.strip())
