@@ -10,6 +10,8 @@ Rows (later lessons add theirs):
 * ``ring_vs_all_reduce``: our send/recv ring all-reduce / ``dist.all_reduce``, per message size.
 * ``busbw``: bus bandwidth of ``dist.all_reduce`` against message size on this machine.
 * ``ddp_step_time``: ``dtrain_lab.ddp.DDP`` step time / PyTorch ``DistributedDataParallel`` (same run).
+* ``compression``: bytes sent and final loss of fp16, top-k (with and without error feedback) and
+  PowerSGD, each divided by the uncompressed run's, same job, same seed (never timed).
 
 Writes ``bench-results/bench.json`` and prints a table. CPU/gloo figures here say nothing about
 NCCL on GPUs.
@@ -80,6 +82,35 @@ def collectives(max_bytes: int, nproc: int = 2) -> tuple[dict, dict]:
     return ratio_row, bw_row
 
 
+COMPRESSION_LABELS = {"fp16": "fp16", "bf16": "bf16", "topk": "top-k + error feedback",
+                      "topk_noef": "top-k, no error feedback", "powersgd": "PowerSGD + error feedback",
+                      "powersgd_noef": "PowerSGD, no error feedback"}
+
+
+def compression(steps: int = 200, nproc: int = 2, methods: str = "fp16,topk,topk_noef,powersgd",
+                ratio: float = 0.01, rank: int = 1, start_iter: int = 10) -> dict:
+    """Gradient compression against the uncompressed all-reduce, trained in the same job
+    (``dtrain_lab.demos.compression_run``: same model, seed and data for every method). Per method:
+    ``bytes_ratio`` (payload passed to collectives / uncompressed), ``wire_ratio`` (ring wire bytes /
+    uncompressed), ``loss_ratio`` (final loss / uncompressed final loss). Counts, not times."""
+    r = launch("dtrain_lab.demos.compression_run", nproc=nproc, timeout=600, quiet=True,
+               args=["none," + methods, steps, f"ratio={ratio}", f"rank={rank}", f"start_iter={start_iter}"])
+    if not r.ok:
+        raise RuntimeError(r.summary())
+    runs = r.metrics[0]["runs"]
+    base = runs["none"]
+    rows = []
+    for name in methods.split(","):
+        m = runs[name]
+        rows.append({"method": name, "bytes_ratio": m["bytes"][-1] / base["bytes"][-1],
+                     "wire_ratio": m["wire_bytes"][-1] / base["wire_bytes"][-1],
+                     "loss_ratio": m["loss"][-1] / base["loss"][-1], "final_loss": m["loss"][-1],
+                     "bytes": m["bytes"][-1]})
+    return {"name": "compression", "nproc": nproc, "backend": r.metrics[0]["backend"], "steps": steps,
+            "topk_ratio": ratio, "powersgd_rank": rank, "start_iter": start_iter, "params": base["params"],
+            "none_final_loss": base["loss"][-1], "none_bytes": base["bytes"][-1], "methods": rows}
+
+
 def table(rows: list[dict]) -> str:
     out = ["| row | value | detail |", "|---|---|---|"]
     for row in rows:
@@ -96,6 +127,12 @@ def table(rows: list[dict]) -> str:
             out.append(f"| dtrain_lab DDP / PyTorch DDP step time | {row['ratio']:.2f}× | "
                        f"{row['ours_s'] * 1e3:.3g} ms vs {row['torch_s'] * 1e3:.3g} ms; naive per-parameter "
                        f"{row['naive_ratio']:.2f}×, no overlap {row['no_overlap_ratio']:.2f}× |")
+        elif row["name"] == "compression":
+            for m in row["methods"]:
+                out.append(f"| {COMPRESSION_LABELS.get(m['method'], m['method'])}: bytes / uncompressed | "
+                           f"{m['bytes_ratio']:.3g}× | final loss {m['loss_ratio']:.3g}× the uncompressed "
+                           f"({m['final_loss']:.3g} vs {row['none_final_loss']:.3g}), {row['steps']} steps, "
+                           f"{row['nproc']} ranks |")
         elif row["name"] == "busbw":
             for p in row["points"]:
                 out.append(f"| busbw all_reduce {human_bytes(p['bytes'])} | {p['busbw_MBps']:.3g} MB/s | "
@@ -115,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     from .ddp import bench_ddp
 
     rows.append(bench_ddp(repeats=2 if args.quick else 5))
+    rows.append(compression(steps=100 if args.quick else 200))
     meta = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:

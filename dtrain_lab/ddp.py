@@ -42,9 +42,16 @@ arXiv:2006.15704:
    *every* rank keeps its ``.grad`` untouched, as in PyTorch. **This costs** a traversal of the
    whole graph every iteration plus one extra all-reduce: enable it only when the model needs it.
 
+6. **Communication hooks** (:meth:`DDP.register_comm_hook`, PyTorch's API): ``hook(state, bucket)``
+   replaces the all-reduce of each bucket and returns a future of the averaged bucket. As in PyTorch
+   the bucket then holds the gradients *not* divided by the world size (the hook divides), and
+   ``bucket`` offers ``buffer()``, ``gradients()``, ``parameters()``, ``index()``, ``is_last()``, so
+   hooks written for PyTorch (``default_hooks``, ``powerSGD_hook``) and :mod:`dtrain_lab.compression`
+   run on either wrapper.
+
 What is left out compared with PyTorch: bucket rebuilding in gradient-ready order after the first
 iteration, the small first bucket (``first_bucket_cap_mb``), ``gradient_as_bucket_view``,
-communication hooks, ``static_graph``, sparse gradients, join for uneven inputs, mixed devices in
+``static_graph``, sparse gradients, join for uneven inputs, mixed devices in
 one bucket, and the C++ thread safety. Tied weights (one ``Parameter`` registered twice) are
 reduced once: ``module.parameters()`` yields it once and autograd accumulates both uses before its
 hook fires. Frozen parameters (``requires_grad=False``) are broadcast at start and never reduced.
@@ -66,7 +73,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-__all__ = ["DDP", "DDPError", "naive_allreduce_grads", "bench_ddp", "MB"]
+__all__ = ["DDP", "DDPError", "HookBucket", "naive_allreduce_grads", "bench_ddp", "MB"]
 
 MB = 1024 * 1024  # PyTorch's bucket_cap_mb counts mebibytes
 
@@ -215,6 +222,35 @@ class Bucket:
         return self.buffer.numel() * self.buffer.element_size()
 
 
+class HookBucket:
+    """What a communication hook receives: the methods of PyTorch's ``dist.GradBucket`` that hooks use."""
+
+    def __init__(self, bucket: Bucket, params: list[torch.Tensor], num_buckets: int):
+        self._bucket, self._params, self._num_buckets = bucket, params, num_buckets
+        self._buffer = bucket.buffer
+
+    def index(self) -> int:
+        return self._bucket.index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def set_buffer(self, tensor: torch.Tensor) -> None:
+        self._buffer = tensor
+
+    def gradients(self) -> list[torch.Tensor]:
+        """Per-parameter views of the buffer, shaped like the parameters."""
+        b = self._bucket
+        return [self._buffer[o:o + n].view_as(p) for o, n, p in zip(b.offsets, b.numels, self._params)]
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self._params)
+
+    def is_last(self) -> bool:
+        """The last bucket of the step (PyTorch: the one holding the first layers)."""
+        return self._bucket.index == self._num_buckets - 1
+
+
 # ------------------------------------------------------------------------------------ the wrapper
 class DDP(nn.Module):
     """Data-parallel wrapper with bucketed, overlapped gradient all-reduce (see the module docstring).
@@ -264,13 +300,14 @@ class DDP(nn.Module):
         self.buckets: list[Bucket] = []
         self._locator: list[tuple[int, int]] = []
         self._hook_handles: list[Any] = []
+        self._comm_hook: tuple[Any, Any] | None = None
         # counters
         self.init_collectives = 0
         self.total_collectives = 0
         self.total_bytes = 0
         self.sync_steps = 0
         self.last_step: dict[str, Any] = {"collectives": 0, "bytes": 0, "launched_in_backward": 0,
-                                          "globally_unused": []}
+                                          "globally_unused": [], "hook_calls": 0}
         if not self.distributed:
             return
         self._check_same_model()
@@ -337,6 +374,17 @@ class DDP(nn.Module):
         for i, p in enumerate(self._params):
             self._hook_handles.append(p.register_post_accumulate_grad_hook(make(i)))
 
+    def register_comm_hook(self, state: Any, hook) -> None:
+        """Replace each bucket's all-reduce by ``hook(state, bucket) -> torch.futures.Future[Tensor]``
+        (PyTorch's signature, see the module docstring). Once, before the first backward. The hook's
+        state counts its own bytes: :meth:`stats` then reports hook calls, not bytes."""
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook can only be called once / register_comm_hook 只能调用一次")
+        if self.sync_steps:
+            raise RuntimeError("register_comm_hook must be called before the first backward / "
+                               "register_comm_hook 必须在第一次 backward 之前调用")
+        self._comm_hook = (state, hook)
+
     def remove_hooks(self) -> None:
         """Detach the gradient hooks from the parameters (to reuse the module without this wrapper)."""
         for h in self._hook_handles:
@@ -355,6 +403,7 @@ class DDP(nn.Module):
         self._step_collectives = 0
         self._step_bytes = 0
         self._step_launched_in_backward = 0
+        self._step_hook_calls = 0
         for b in self.buckets:
             b.pending = len(b.params)
             b.work = None
@@ -410,6 +459,8 @@ class DDP(nn.Module):
         g = self._params[i].grad
         if g is None:  # unused (find_unused_parameters=True): contributes zeros
             view.zero_()
+        elif self._comm_hook is not None:  # a comm hook gets the local gradient and divides itself
+            view.copy_(g.detach().reshape(-1))
         else:  # divide while copying, like PyTorch's reducer: sum of grad/world = average
             torch.mul(g.detach().reshape(-1), 1.0 / self.world_size, out=view)
 
@@ -426,9 +477,15 @@ class DDP(nn.Module):
         # In bucket order only: every rank must issue its collectives in the same order.
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
             bucket = self.buckets[self._next_bucket]
-            bucket.work = dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True)
+            if self._comm_hook is None:
+                bucket.work = dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True)
+                self._count(bucket.nbytes)
+            else:
+                state, hook = self._comm_hook
+                bucket.work = hook(state, HookBucket(bucket, [self._params[i] for i in bucket.params],
+                                                     len(self.buckets)))
+                self._step_hook_calls += 1
             bucket.launched_in_backward = not self._in_finalize
-            self._count(bucket.nbytes)
             self._step_launched_in_backward += bucket.launched_in_backward
             self._next_bucket += 1
 
@@ -463,7 +520,9 @@ class DDP(nn.Module):
                 used_work = dist.all_reduce(used, group=self.process_group, async_op=True)
                 self._count(used.numel() * used.element_size())
             for b in self.buckets:
-                b.work.wait()
+                result = b.work.wait()
+                if self._comm_hook is not None and result is not b.buffer:  # a hook's future: the average
+                    b.buffer.copy_(result)
             if used_work is not None:
                 used_work.wait()
                 used = used.cpu()
@@ -486,7 +545,7 @@ class DDP(nn.Module):
             self.total_bytes += self._step_bytes
             self.last_step = {"collectives": self._step_collectives, "bytes": self._step_bytes,
                               "launched_in_backward": self._step_launched_in_backward,
-                              "globally_unused": unused}
+                              "globally_unused": unused, "hook_calls": self._step_hook_calls}
         finally:
             self._reset_iteration()
 
@@ -508,6 +567,7 @@ class DDP(nn.Module):
             "step_bytes": self.last_step["bytes"],
             "launched_in_backward": self.last_step["launched_in_backward"],
             "globally_unused": list(self.last_step["globally_unused"]),
+            "hook_calls": self.last_step["hook_calls"],
         }
 
     def extra_repr(self) -> str:
