@@ -183,14 +183,14 @@ def measure_collective(name: str, nbytes: int, *, device="cpu", group=None, min_
     # choose the iteration count on rank 0 and share it, so that every rank runs the same number
     dist.barrier(group=group)
     _sync(device)
-    t = torch.tensor([0.0])
+    t = torch.tensor([0.0], device=device)   # NCCL groups serve CUDA tensors only
     import time
 
     start = time.perf_counter()
     _run_op(name, buf, out, group)
     _sync(device)
     one = time.perf_counter() - start
-    iters = torch.tensor([min(max_iters, max(1, int(min_time / max(one, 1e-6))))])
+    iters = torch.tensor([min(max_iters, max(1, int(min_time / max(one, 1e-6))))], device=device)
     dist.broadcast(iters, src=_global(group, 0), group=group)
     best = float("inf")
     for _ in range(repeats):  # best of a few repeats: the least disturbed by other processes

@@ -1095,12 +1095,9 @@ def _ulimits() -> dict:
 
 
 def _ifname_matches(spec: str, name: str) -> bool:
-    """Does NCCL_SOCKET_IFNAME ``spec`` select interface ``name`` (prefix, =exact, ^exclude)?"""
-    exclude, items = _split_items(spec)
-    exact = bool(items) and items[0].startswith("=")  # "=eth0,eth1": the = covers the whole list
-    names = [i.lstrip("=") for i in items if i.lstrip("=")]
-    hit = any(name == i if exact else name.startswith(i) for i in names)
-    return hit != exclude
+    """Does NCCL_SOCKET_IFNAME ``spec`` select interface ``name`` (prefix, =exact, ^exclude)?
+    The same parse as NCCL's: see :func:`nccl_list_selects`."""
+    return nccl_list_selects(spec.strip(), name)
 
 
 def nccl_list_selects(spec: str, name: str, port: int = -1) -> bool:

@@ -88,11 +88,11 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 _NCCL_SYSTEM = [
     _nccl("NCCL_SOCKET_IFNAME", "list",
           "指定 NCCL 通过哪些 IP 网卡通信。值是逗号分隔的网卡名前缀：整个列表以 ^ 开头表示排除，"
-          "某一项以 = 开头表示按全名精确匹配，例如 =eth0、^docker、^=docker0。不设置时由 NCCL 自动挑选："
+          "列表开头（^ 之后）的 = 表示其中每一项都按全名精确匹配，例如 =eth0、=eth0,eth1、^docker、^=docker0。不设置时由 NCCL 自动挑选："
           "除非没有别的网卡，否则不会选 lo 和 docker*，并优先选 ib 开头的网卡。",
           "Which IP interfaces NCCL uses to communicate: a comma-separated list of name prefixes; a "
-          "leading ^ turns the list into an exclude list, a leading = on an item matches the exact name "
-          "(e.g. =eth0, ^docker, ^=docker0). Unset, NCCL picks automatically: it avoids lo and docker* "
+          "leading ^ turns the list into an exclude list, and an = at the start of the list (after any ^) "
+          "makes every item an exact name (e.g. =eth0, =eth0,eth1, ^docker, ^=docker0). Unset, NCCL picks automatically: it avoids lo and docker* "
           "unless nothing else is available and prefers interfaces whose name starts with ib.",
           check="ifname"),
     _nccl("NCCL_SOCKET_FAMILY", "enum",
