@@ -493,7 +493,7 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
             if first_failure is not None and first_failure in ranks:
                 exception = ranks[first_failure].exception
         if exception is None and first_failure is not None:
-            exception = _signal_or_code(agent_output)
+            exception = _signal_or_code(agent_output, first_failure)
 
     result = LaunchResult(
         target=str(target), nproc=nproc * nnodes, ok=ok, returncode=returncode, hung=hung,
@@ -525,11 +525,20 @@ def _native_abort(stderr: str) -> str | None:
     return f"{m.group(1)} (C++ abort): {m.group(2).strip()}"
 
 
-def _signal_or_code(agent_output: str) -> str | None:
-    m = re.search(r"exitcode\s*:\s*(-?\d+)", agent_output)
+def _signal_or_code(agent_output: str, rank: int | None = None) -> str | None:
+    """How torchrun says rank ``rank`` ended (its failure block: ``rank : R``, ``exitcode : -11``,
+    ``Signal 11 (SIGSEGV)``): "killed by SIGSEGV" or "exit code N"."""
+    text = agent_output
+    if rank is not None:
+        m = re.search(rf"^\s*rank\s*:\s*{rank}\b.*$", agent_output, re.M)
+        if m:  # this rank's block: up to the next "[i]:" header or separator
+            rest = agent_output[m.end():]
+            end = re.search(r"^\s*(\[\d+\]:|[-=]{10,})", rest, re.M)
+            text = rest[: end.start()] if end else rest
+    m = re.search(r"exitcode\s*:\s*(-?\d+)", text)
     if not m:
         return None
-    sig = re.search(r"Signal (\d+) \((\w+)\)", agent_output)
+    sig = re.search(r"Signal (\d+) \((\w+)\)", text)
     if sig:
         return f"killed by {sig.group(2)}"
     return f"exit code {m.group(1)}"

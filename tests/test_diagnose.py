@@ -72,3 +72,14 @@ def test_a_rank_inside_backward_waits_in_backward():
             '  File "/home/me/train.py", line 30 in <module>\n')
     w = wait_site(dump)
     assert w.call == "backward" and w.where == "train.py:12 in train"
+
+
+def test_signal_is_read_from_the_failing_ranks_own_block():
+    from dtrain_lab.launch import _signal_or_code
+
+    agent = ("Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 11)\n"
+             "  traceback : To enable traceback see ...\n-----------------------\n"
+             "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n"
+             "  exitcode  : -11 (pid: 10)\n  traceback : Signal 11 (SIGSEGV) received by PID 10\n=========\n")
+    assert _signal_or_code(agent, 0) == "killed by SIGSEGV"
+    assert _signal_or_code(agent, 1) == "exit code 1"

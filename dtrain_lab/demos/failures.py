@@ -45,6 +45,21 @@ def slow_rank(fix: bool = False):
     runtime.report(passed=True)
 
 
+def slow_evaluation(fix: bool = False):
+    """Rank 0 alone evaluates for 4 s, then the ranks average the metric. The group's timeout is 2 s,
+    standing in for the default 10 min (NCCL) / 30 min (gloo) against a 40-minute evaluation.
+    With ``fix`` every rank evaluates its share of the validation set (4 s / world size each)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(timeout=timedelta(seconds=2))
+    if fix:
+        time.sleep(4.0 / world)           # each rank evaluates 1/world of the validation set
+    elif rank == 0:
+        time.sleep(4.0)                   # rank 0 evaluates the whole set; the others wait
+    metric = torch.tensor([float(rank)])
+    dist.all_reduce(metric, group=group)
+    runtime.report(metric=metric.item())
+
+
 class TwoHeads(nn.Module):
     """A model whose second head is used only by some batches (here: never, on every rank)."""
 
@@ -129,7 +144,7 @@ def debug_overhead(n: int = 300):
     runtime.report(seconds_per_all_reduce=dt, debug=dist.get_debug_level().name)
 
 
-SCENARIOS = {f.__name__: f for f in (mismatched_ops, mismatched_shapes, slow_rank, unused_parameters,
+SCENARIOS = {f.__name__: f for f in (mismatched_ops, mismatched_shapes, slow_rank, slow_evaluation, unused_parameters,
                                       uneven_inputs, ddp_under_detail, debug_overhead)}
 
 
