@@ -17,7 +17,7 @@ _FRAME_RE = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func
 
 # Where library frames live: a frame in one of these is "inside" torch/Python, not the learner's code.
 _LIBRARY_MARKERS = ("site-packages", "dist-packages", "/lib/python3", "<frozen ", "/torch/")
-_DIST_MARKERS = ("torch/distributed/",)
+_DIST_MARKERS = ("torch/distributed/", "torch/nn/parallel/distributed.py")  # DDP calls C++ comms directly
 
 
 @dataclass

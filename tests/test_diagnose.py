@@ -83,3 +83,16 @@ def test_signal_is_read_from_the_failing_ranks_own_block():
              "  exitcode  : -11 (pid: 10)\n  traceback : Signal 11 (SIGSEGV) received by PID 10\n=========\n")
     assert _signal_or_code(agent, 0) == "killed by SIGSEGV"
     assert _signal_or_code(agent, 1) == "exit code 1"
+
+
+def test_a_rank_in_ddps_buffer_broadcast_waits_in_a_collective():
+    dump = ("Current thread 0x00007f (most recent call first):\n"
+            '  File "/v/site-packages/torch/nn/parallel/distributed.py", line 2100 in _distributed_broadcast_coalesced\n'
+            '  File "/v/site-packages/torch/nn/parallel/distributed.py", line 2060 in _sync_buffers\n'
+            '  File "/v/site-packages/torch/nn/parallel/distributed.py", line 1800 in _pre_forward\n'
+            '  File "/home/me/train.py", line 12 in evaluate\n'
+            '  File "/home/me/train.py", line 30 in <module>\n')
+    w = wait_site(dump)
+    assert w.call == "_distributed_broadcast_coalesced" and w.where == "train.py:12 in evaluate"
+    (h,) = diagnose(hung(w, site("barrier")), "en")
+    assert "different collectives" in h
