@@ -265,8 +265,9 @@ class DDP(nn.Module):
       (True), or reduce every bucket after backward (False) — same buckets, same results, no overlap.
     * ``find_unused_parameters``: see the module docstring; costs a graph traversal per forward
       and one extra all-reduce per step, like PyTorch's.
-    * ``broadcast_buffers``: broadcast rank 0's buffers (e.g. BatchNorm statistics) at every forward,
-      as PyTorch does by default (no collective for a module without buffers).
+    * ``broadcast_buffers``: broadcast rank 0's buffers (e.g. BatchNorm statistics) before a forward
+      that follows a synchronised training forward (and before the first), as PyTorch does by
+      default; no collective for a module without buffers.
 
     Use it as PyTorch's: ``loss = loss_fn(ddp(x), y); loss.backward(); opt.step()``. The optimizer may
     be built on ``ddp.parameters()`` or ``ddp.module.parameters()`` (the same tensors).
@@ -283,6 +284,7 @@ class DDP(nn.Module):
         self.overlap = bool(overlap)
         self.find_unused_parameters = bool(find_unused_parameters)
         self.broadcast_buffers = bool(broadcast_buffers)
+        self._require_forward_param_sync = True
         self.require_backward_grad_sync = True
         self.rank, self.world_size = _world(process_group)
         if self.rank < 0:
@@ -412,10 +414,15 @@ class DDP(nn.Module):
     def forward(self, *args, **kwargs):
         if not self.distributed:
             return self.module(*args, **kwargs)
-        if self.broadcast_buffers and self._buffer_list:
+        # As PyTorch's DDP (``require_forward_param_sync``): buffers are broadcast before a forward
+        # only if the previous forward was a synchronised training forward (grad enabled, outside
+        # no_sync). The first forward always broadcasts; eval / no_grad forwards do not make the
+        # next one broadcast, so a rank-0-only evaluation under no_grad issues no collective.
+        if self.broadcast_buffers and self._buffer_list and self._require_forward_param_sync:
             n = _broadcast_coalesced(self._buffer_list, self.process_group)
             self.total_collectives += n
         out = self.module(*args, **kwargs)
+        self._require_forward_param_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self._expect_hooks = True
             if self.find_unused_parameters:  # the traversal find_unused_parameters costs

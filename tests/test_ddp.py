@@ -252,3 +252,12 @@ def test_datasets_are_deterministic_and_shard():
     assert torch.equal(torch.cat([p[0] for p in parts]), batch[0])
     with pytest.raises(ValueError):
         shard(batch, 0, 5)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_buffers_broadcast_only_after_a_synchronised_training_forward(results, n):
+    for m in metrics(results, n).values():
+        counts = dict((label, c) for label, c in m["buffers"]["log"])
+        assert counts["first train"] >= 1 and counts["second train"] >= 1 and counts["eval after train"] >= 1
+        assert counts["eval after eval"] == 0 and counts["train after eval"] == 0

@@ -257,6 +257,33 @@ def check_group_of_one(rank: int, world: int) -> dict:
             "collectives": net.stats()["total_collectives"], "grad_present": model.layers[0].weight.grad is not None}
 
 
+def check_buffer_broadcasts(rank: int, world: int) -> dict:
+    """When buffers are broadcast: before the first forward, and before a forward that follows a
+    synchronised training forward -- never because of an eval/no_grad forward (PyTorch's rule)."""
+    from dtrain_lab.ddp import DDP
+
+    torch.manual_seed(rank)   # different BatchNorm running stats per rank before the broadcast
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
+    x = torch.randn(8, 4)
+    log = []
+
+    def fwd(train: bool, grad: bool, label: str):
+        model.train(train)
+        before = model.total_collectives
+        with torch.set_grad_enabled(grad):
+            out = model(x)
+        if grad:
+            out.sum().backward()
+        log.append((label, model.total_collectives - before - (model.stats()["step_collectives"] if grad else 0)))
+
+    fwd(True, True, "first train")          # broadcast (first forward)
+    fwd(True, True, "second train")         # broadcast (previous was a training forward)
+    fwd(False, False, "eval after train")   # broadcast (previous was a training forward)
+    fwd(False, False, "eval after eval")    # none: previous forward was under no_grad
+    fwd(True, True, "train after eval")     # none, as PyTorch
+    return {"log": log}
+
+
 def main() -> None:
     global DEVICE
     rt = runtime.current()
@@ -277,6 +304,7 @@ def main() -> None:
     runtime.report(init=timed("init", check_init_broadcast, rank))
     runtime.report(subgroup=timed("subgroup", check_subgroup, rank, world))
     runtime.report(group_of_one=timed("group_of_one", check_group_of_one, rank, world))
+    runtime.report(buffers=timed("buffers", check_buffer_broadcasts, rank, world))
     runtime.report(timings=timings, last=True)
 
 if __name__ == "__main__":
