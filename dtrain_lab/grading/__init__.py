@@ -28,7 +28,7 @@ from .registry import Exercise, add_hidden_check, problem, register  # noqa: F40
 OUTCOMES = ("pass", "wrong", "crash", "hang", "error")
 
 TEXT = {
-    "pass": {"en": "✓ {title}: passed on {sizes} ranks.", "zh": "✓ {title}：在 {sizes} 个 rank 上通过。"},
+    "pass": {"en": "✓ {title}: passed on {sizes} {ranks}.", "zh": "✓ {title}：在 {sizes} 个 rank 上通过。"},
     "not_yet": {"en": "… {title}: not attempted yet ({file} still contains the stub).",
                 "zh": "… {title}：尚未作答（{file} 里还是空白模板）。"},
     "missing_file": {"en": "✗ {title}: no submission file {file}. Run the %%writefile cell above first.",
@@ -199,7 +199,9 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, quiet: bool) -> Verdict
     for n in ex.world_sizes:
         r = launch("dtrain_lab.grading.harness", nproc=n, args=[ex.id, str(path.resolve())],
                    timeout=ex.timeout, startup_timeout=max(60.0, ex.timeout), quiet=quiet,
-                   max_output_lines=2000, env={"DTRAIN_LANG": lang})
+                   max_output_lines=2000,
+                   # exercises are CPU programs: gloo even on a GPU machine (NCCL serves CUDA tensors only)
+                   env={"DTRAIN_LANG": lang, "DTRAIN_BACKEND": "gloo"})
         elapsed += r.elapsed
         if r.hung:
             if r.phase == "startup":
@@ -240,7 +242,8 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, quiet: bool) -> Verdict
         if problems:
             return _verdict(ex, "wrong", "\n".join([_t("wrong", lang, title=title, n=n)] + problems), lang,
                             world_size=n)
-    v = _verdict(ex, "pass", _t("pass", lang, title=title, sizes=" / ".join(map(str, ex.world_sizes))), lang)
+    v = _verdict(ex, "pass", _t("pass", lang, title=title, sizes=" / ".join(map(str, ex.world_sizes)),
+                                     ranks="rank" if tuple(ex.world_sizes) == (1,) else "ranks"), lang)
     v.elapsed = elapsed
     return v
 

@@ -1,0 +1,161 @@
+"""Labs 02 (gradient buckets) and 04 (top-k with error feedback): every solution passes, every learner
+stub is "not yet", plausible wrong answers fail with feedback in the learner's language, and the
+graders' references agree with the library they stand for (dtrain_lab.ddp, dtrain_lab.compression).
+
+Solutions and stubs come from the labs' sources, solutions/_source/lab_02_ddp.md and
+lab_04_compression.md (the notebooks are generated from them); wrong answers live in
+tests/submissions/lab02 and lab04. A graded launch costs 10-40 s, so each exercise's solution is
+graded once (on all its world sizes) together with one wrong answer; the other wrong answers are
+graded once each in a second test. Stubs and the references are checked without launching.
+"""
+import importlib
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import ROOT
+from dtrain_lab import authoring
+from dtrain_lab.ddp import MB, DDP
+from dtrain_lab.grading import grade, grade_notebook, lab02, lab04, registry, submissions_in_notebook
+
+SOURCES = {"lab02": ROOT / "solutions" / "_source" / "lab_02_ddp.md",
+           "lab04": ROOT / "solutions" / "_source" / "lab_04_compression.md"}
+WRONG = ROOT / "tests" / "submissions"
+HAN = r"[\u4e00-\u9fff]"
+
+
+def programs(lab: str) -> dict:
+    """``{exercise id: {"solution": code, "learner": code}}`` from the lab's %%writefile cells."""
+    out = {}
+    for cell in authoring.parse(SOURCES[lab].read_text(encoding="utf-8")):
+        text = cell.text.get("*", "")
+        if cell.kind == "code" and text.startswith(f"%%writefile {lab}_"):
+            first, _, body = text.partition("\n")
+            out[f"{lab}.{first.split()[1][len(lab) + 1:-len('.py')]}"] = authoring.blocks(body)
+    return out
+
+
+PROGRAMS = {**programs("lab02"), **programs("lab04")}
+EXERCISES = sorted(e.id for e in registry.all_exercises() if e.lab in ("lab_02", "lab_04"))
+
+# one plausible wrong answer per exercise, the language its feedback is read in, and what it must say
+FIRST_WRONG = {
+    "lab02.buckets": ("lab02/buckets_forward.py", "zh", ["注册顺序", "逆序"]),
+    "lab02.sync": ("lab02/sync_per_param.py", "en", ["one all-reduce per parameter", "3 all-reduces per step"]),
+    "lab02.overlap": ("lab02/overlap_after_backward.py", "zh", ["post-accumulate-grad hook", "async_op=True"]),
+    "lab04.sparse_allreduce": ("lab04/sparse_indices_allreduce.py", "zh", ["整数张量", "位置 7", "All-Gather"]),
+    "lab04.topk_ef": ("lab04/topk_no_ef.py", "en", ["without error feedback", "add the residual"]),
+}
+MORE_WRONG = {
+    "lab02/buckets_own_bucket.py": ("lab02.buckets", "en", ["larger than the cap shares the bucket"]),
+    "lab02/sync_sum.py": ("lab02.sync", "zh", ["之和", "除以 world size"]),
+    "lab02/sync_no_copy_back.py": ("lab02.sync", "en", ["still holds this rank's own gradient"]),
+    "lab02/overlap_no_reset.py": ("lab02.overlap", "en", ["must reset the per-step state"]),
+    "lab04/sparse_dense_allreduce.py": ("lab04.sparse_allreduce", "en", ["as large as the whole gradient"]),
+    "lab04/sparse_no_divide.py": ("lab04.sparse_allreduce", "zh", ["各 rank 的和", "world size"]),
+    "lab04/topk_residual_average.py": ("lab04.topk_ef", "en", ["subtracted the averaged update"]),
+    "lab04/topk_residual_drops_old.py": ("lab04.topk_ef", "zh", ["上一步的残差被丢掉了"]),
+    "lab04/topk_no_divide.py": ("lab04.topk_ef", "en", ["the sum over the ranks"]),
+    "lab04/topk_threshold.py": ("lab04.topk_ef", "en", ["same shape on every rank"]),
+}
+
+
+def submit(tmp_path, ex_id: str, code: str, tag: str):
+    path = tmp_path / tag / registry.get(ex_id).filename
+    path.parent.mkdir()
+    path.write_text(code)
+    return path
+
+
+# ------------------------------------------------------------------ structure, no launch
+def test_every_exercise_has_one_cell_a_title_and_an_ignored_file():
+    assert sorted(PROGRAMS) == EXERCISES == ["lab02.buckets", "lab02.overlap", "lab02.sync",
+                                             "lab04.sparse_allreduce", "lab04.topk_ef"]
+    assert sorted(FIRST_WRONG) == EXERCISES
+    for ex_id in EXERCISES:
+        ex = registry.get(ex_id)
+        assert ex.filename == ex_id.replace(".", "_", 1) + ".py" and ex.entry == "run"
+        assert ex.timeout <= 20 and ex.title["en"]
+        assert any("\u4e00" <= ch <= "\u9fff" for ch in ex.title["zh"])
+        assert "# YOUR CODE HERE" in PROGRAMS[ex_id]["learner"]
+        assert "YOUR CODE HERE" not in PROGRAMS[ex_id]["solution"]
+        assert "def run():" in PROGRAMS[ex_id]["learner"]
+    for kind in ("labs", "solutions"):
+        ignored = (ROOT / kind / ".gitignore").read_text().split()
+        assert "lab02_*.py" in ignored and "lab04_*.py" in ignored
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lang):
+    def refuse(*a, **kw):
+        raise AssertionError("a stub was launched")
+    monkeypatch.setattr(importlib.import_module("dtrain_lab.launch"), "launch", refuse)
+    for ex_id in EXERCISES:
+        v = grade(ex_id, submit(tmp_path, ex_id, PROGRAMS[ex_id]["learner"], f"{lang}-{ex_id}"), lang=lang)
+        assert v.outcome == "error" and not v.passed and v.details.get("not_yet"), v.feedback
+    for lab, nb in (("lab02", "lab_02_ddp"), ("lab04", "lab_04_compression")):
+        path = ROOT / "labs" / lang / f"{nb}.ipynb"
+        assert set(submissions_in_notebook(path)) == {e for e in EXERCISES if e.startswith(lab)}
+        assert all(v.details.get("not_yet") for v in grade_notebook(path, lang=lang, workdir=str(tmp_path)))
+
+
+def test_reference_buckets_are_ddps():
+    """lab02.reference_buckets is the rule of dtrain_lab.ddp.DDP._build_buckets (PyTorch's), on every
+    case of the exercise and on the lab model at several caps."""
+    cases = [(lab02.case_params(c), c[2]) for c in lab02.BUCKET_CASES]
+    cases += [(lab02.case_params(lab02.BUCKET_CASES[0]), cap) for cap in (64, 100, 600, 1000, 1100, 1600)]
+    for params, cap in cases:
+        if not params:
+            continue
+        stand_in = SimpleNamespace(bucket_cap_mb=cap / MB, _params=params, buckets=[],
+                                   param_names=[f"p{i}" for i in range(len(params))])
+        DDP._build_buckets(stand_in)
+        assert [b.params for b in stand_in.buckets] == lab02.reference_buckets(params, cap), (cap, params)
+    assert lab02.BUCKETS == [[5, 4, 3], [2], [1, 0]] and lab02.BUCKET_NUMELS == [84, 256, 144]
+
+
+def test_lab04_references_by_hand_and_without_ties():
+    # hand-made case, 2 ranks: rank 0 keeps 1.5 at 1 and -2.0 at 6, rank 1 keeps 0.5 at 6 and 4.0 at 3
+    inputs = [lab04._dense(*lab04.sparse_input("hand-made", r), 8) for r in range(2)]
+    avg, sent = lab04.reference_average(inputs, 2, rank=1)
+    assert avg.tolist() == [0.0, 0.75, 0.0, 2.0, 0.0, 0.0, -0.75, 0.0]
+    assert torch.equal(sent, inputs[1])
+    # error feedback: with a constant gradient every entry is sent sooner or later, nothing is lost
+    steps = lab04.reference_ef("hand-made", 6, 2, 4, world=2, rank=0)
+    total_sent = sum(s["sent"] for s in steps)
+    assert torch.allclose(total_sent + steps[-1]["residual"], 4 * steps[0]["grad"])
+    # the k-th and (k+1)-th largest magnitudes never tie: the selection is unambiguous on every rank
+    for name, numel, k, n_steps in lab04.EF_CASES:
+        for world in (2, 3):
+            for rank in range(world):
+                for s in lab04.reference_ef(name, numel, k, n_steps, world, rank):
+                    m = s["input"].abs().sort(descending=True).values
+                    assert float(m[k - 1] - m[k]) > 1e-3, (name, world, rank)
+
+
+# ------------------------------------------------------------------ graded (launched)
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("ex_id", EXERCISES)
+def test_solution_passes_and_a_wrong_answer_fails(ex_id, tmp_path):
+    ex = registry.get(ex_id)
+    v = grade(ex_id, submit(tmp_path, ex_id, PROGRAMS[ex_id]["solution"], "solution"), lang="en")
+    assert v.passed and v.outcome == "pass" and v.score == ex.max_score, v.feedback
+
+    file, lang, phrases = FIRST_WRONG[ex_id]
+    w = grade(ex_id, WRONG / file, lang=lang)
+    assert not w.passed and w.outcome == "wrong", w.feedback
+    for phrase in phrases:
+        assert phrase in w.feedback, (phrase, w.feedback)
+    assert bool(re.search(HAN, w.feedback.split("\n", 1)[1])) == (lang == "zh"), w.feedback
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("file", sorted(MORE_WRONG))
+def test_more_wrong_answers_fail_with_an_explanation(file):
+    ex_id, lang, phrases = MORE_WRONG[file]
+    w = grade(ex_id, WRONG / file, lang=lang)
+    assert not w.passed and w.outcome in ("wrong", "crash", "hang"), w.feedback
+    for phrase in phrases:
+        assert phrase in w.feedback, (phrase, w.feedback)
