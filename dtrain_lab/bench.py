@@ -12,6 +12,9 @@ Rows (later lessons add theirs):
 * ``ddp_step_time``: ``dtrain_lab.ddp.DDP`` step time / PyTorch ``DistributedDataParallel`` (same run).
 * ``compression``: bytes sent and final loss of fp16, top-k (with and without error feedback) and
   PowerSGD, each divided by the uncompressed run's, same job, same seed (never timed).
+* ``zero_memory``: counted per-rank model-state bytes (params + grads + Adam state, fp32, tensor
+  bytes, not RSS) of FSDP2 on an MLP of 3.1 M parameters / ``perfmodel.zero_memory(stage=3, "fp32")``;
+  with ``dtrain_lab.zero`` also its stages 1, 2 and 3 / the formula for that stage (never timed).
 
 Writes ``bench-results/bench.json`` and prints a table. CPU/gloo figures here say nothing about
 NCCL on GPUs.
@@ -111,6 +114,35 @@ def compression(steps: int = 200, nproc: int = 2, methods: str = "fp16,topk,topk
             "none_final_loss": base["loss"][-1], "none_bytes": base["bytes"][-1], "methods": rows}
 
 
+def zero_memory_row(nproc: int = 2) -> dict:
+    """Measured / predicted model-state bytes per rank (``dtrain_lab.demos.fsdp_run memory,zero``):
+    FSDP2 against ``zero_memory(stage=3, precision="fp32")``; ``dtrain_lab.zero``'s stages 1–3 too when
+    that module works (else ``zero_note`` says why). ``ratio``: the largest |measured/predicted - 1|
+    over ranks, as measured/predicted. Counts, not times."""
+    r = launch("dtrain_lab.demos.fsdp_run", nproc=nproc, args=["memory,zero"], timeout=300, quiet=True)
+    if not r.ok:
+        raise RuntimeError(r.summary())
+
+    def worst(values: list[float]) -> float:
+        return max(values, key=lambda v: abs(v - 1))
+
+    ms = [r.metrics[k] for k in sorted(r.metrics)]
+    row = {"name": "zero_memory", "nproc": nproc, "backend": ms[0]["backend"],
+           "num_params": ms[0]["memory"]["num_params"],
+           "fsdp2": {"ratio": worst([m["memory"]["ratio"] for m in ms]),
+                     "measured": [m["memory"]["measured_total"] for m in ms],
+                     "predicted": ms[0]["memory"]["predicted"]["total"]}}
+    if ms[0].get("zero_error"):
+        row["zero_note"] = ms[0]["zero_error"]
+    stages = {}
+    for stage in ms[0].get("zero", {}):
+        stages[stage] = {"ratio": worst([m["zero"][stage]["ratio"] for m in ms]),
+                         "measured": [m["zero"][stage]["measured_total"] for m in ms],
+                         "predicted": ms[0]["zero"][stage]["predicted"]["total"]}
+    row["zero"] = stages
+    return row
+
+
 def table(rows: list[dict]) -> str:
     out = ["| row | value | detail |", "|---|---|---|"]
     for row in rows:
@@ -133,6 +165,17 @@ def table(rows: list[dict]) -> str:
                            f"{m['bytes_ratio']:.3g}× | final loss {m['loss_ratio']:.3g}× the uncompressed "
                            f"({m['final_loss']:.3g} vs {row['none_final_loss']:.3g}), {row['steps']} steps, "
                            f"{row['nproc']} ranks |")
+        elif row["name"] == "zero_memory":
+            f = row["fsdp2"]
+            out.append(f"| FSDP2 model-state bytes / zero_memory(stage=3, fp32) | {f['ratio']:.4f}× | "
+                       f"{human_bytes(max(f['measured']))} vs {human_bytes(f['predicted'])} per rank, "
+                       f"{row['num_params']:,} params, {row['nproc']} ranks |")
+            for stage, z in sorted(row.get("zero", {}).items()):
+                out.append(f"| dtrain_lab.zero stage {stage} bytes / zero_memory(stage={stage}, fp32) | "
+                           f"{z['ratio']:.4f}× | {human_bytes(max(z['measured']))} vs "
+                           f"{human_bytes(z['predicted'])} per rank |")
+            if row.get("zero_note"):
+                out.append(f"| dtrain_lab.zero rows skipped | – | {row['zero_note']} |")
         elif row["name"] == "busbw":
             for p in row["points"]:
                 out.append(f"| busbw all_reduce {human_bytes(p['bytes'])} | {p['busbw_MBps']:.3g} MB/s | "
@@ -153,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows.append(bench_ddp(repeats=2 if args.quick else 5))
     rows.append(compression(steps=100 if args.quick else 200))
+    rows.append(zero_memory_row())
     meta = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:

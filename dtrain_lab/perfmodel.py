@@ -140,3 +140,140 @@ def fit_collective(op: str, sizes: list[float], seconds: list[float], p: int) ->
     steps = 2 * (p - 1) if op == "all_reduce" else (p - 1)
     factor = busbw_factor(op, p) if op not in ("broadcast", "reduce") else 1.0
     return a / steps, b / factor
+
+
+# ------------------------------------------------------------------------------------ ZeRO / FSDP
+# Rajbhandari, Rasley, Ruwase & He, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+# Models" (SC 2020). Section 5: model-state memory per device; section 7: communication volume.
+
+ZERO_STAGES = (0, 1, 2, 3)
+ZERO_PRECISIONS = ("mixed", "fp32")
+# bytes per parameter of (params, grads, optimizer state) — paper section 3.1 / 5
+_ZERO_BYTES = {"mixed": (2, 2, 12),   # fp16/bf16 params and grads; fp32 master + Adam m + v (K = 12)
+               "fp32": (4, 4, 8)}     # fp32 params and grads; Adam m + v, no master copy
+
+
+def _zero_check(num_params, stage, world_size) -> None:
+    from .i18n import LabError
+
+    if isinstance(num_params, bool) or not isinstance(num_params, (int, float)) \
+            or not math.isfinite(num_params) or num_params <= 0:
+        raise LabError("zero_bad_params", value=num_params)
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        raise LabError("zero_bad_stage", value=stage)
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise LabError("zero_bad_world", value=world_size)
+
+
+def zero_memory(num_params: float, stage: int, world_size: int, *, precision: str = "mixed",
+                k: float | None = None) -> dict:
+    """Model-state bytes per device under ZeRO stage ``stage`` on ``world_size`` data-parallel ranks.
+
+    ZeRO paper, section 5 (Ψ = ``num_params``, N = ``world_size``). Mixed-precision Adam keeps
+    2Ψ bytes of fp16 parameters, 2Ψ of fp16 gradients and KΨ of optimizer state with K = 12 (an fp32
+    master copy, Adam's m and v: 4 + 4 + 4). ``precision="fp32"``: 4Ψ + 4Ψ + 8Ψ (m and v, no master).
+
+    * stage 0 (plain data parallel): nothing divided — (2 + 2 + K)Ψ
+    * stage 1 (P_os): optimizer state / N — 2Ψ + 2Ψ + KΨ/N
+    * stage 2 (P_os+g): gradients and optimizer state / N — 2Ψ + (2 + K)Ψ/N
+    * stage 3 (P_os+g+p): everything / N — (2 + 2 + K)Ψ/N
+
+    ``k`` overrides the optimizer bytes per parameter (e.g. 4 for SGD with momentum in fp32).
+    Returns ``{"params", "grads", "optimizer", "total"}`` in bytes; activations, temporary
+    buffers and fragmentation are not model states and are not counted. The paper's example:
+    Ψ = 7.5e9, N = 64 gives 120 GB, 31.4 GB, 16.6 GB and 1.9 GB (1 GB = 1e9 bytes).
+    """
+    from .i18n import LabError
+
+    _zero_check(num_params, stage, world_size)
+    if precision not in ZERO_PRECISIONS:
+        raise LabError("zero_bad_precision", value=precision, choices=", ".join(ZERO_PRECISIONS))
+    bp, bg, bo = _ZERO_BYTES[precision]
+    if k is not None:
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k < 0:
+            raise LabError("zero_bad_k", value=k)
+        bo = k
+    n = world_size
+    params = bp * num_params / (n if stage >= 3 else 1)
+    grads = bg * num_params / (n if stage >= 2 else 1)
+    optimizer = bo * num_params / (n if stage >= 1 else 1)
+    return {"params": params, "grads": grads, "optimizer": optimizer, "total": params + grads + optimizer}
+
+
+def zero_comm_volume(num_params: float, stage: int, world_size: int, bytes_per_elem: float = 2) -> dict:
+    """Bytes each rank sends per training step for the gradients/parameters of a ZeRO stage.
+
+    ZeRO paper, section 7 (communication analysis), counted from the ring algorithms: a
+    reduce-scatter and an all-gather of a Ψ-element buffer each send (N-1)/N · Ψ elements per rank;
+    an all-reduce is both.
+
+    * stage 0 (DDP): one all-reduce of the gradients — 2Ψ·(N-1)/N
+    * stages 1 and 2: reduce-scatter the gradients, all-gather the updated parameters —
+      2Ψ·(N-1)/N, the same as DDP (the paper's "2Ψ", its N → ∞ limit)
+    * stage 3: all-gather the parameters in forward, again in backward, reduce-scatter the
+      gradients — 3Ψ·(N-1)/N, 1.5× DDP (the paper's "3Ψ")
+
+    Returns ``{"all_reduce", "reduce_scatter", "all_gather", "total", "paper", "vs_ddp"}``:
+    bytes sent by each kind of collective and in all, the paper's N → ∞ figure (2Ψ or 3Ψ times
+    ``bytes_per_elem``), and ``total`` divided by DDP's.
+    """
+    from .i18n import LabError
+
+    _zero_check(num_params, stage, world_size)
+    if isinstance(bytes_per_elem, bool) or not isinstance(bytes_per_elem, (int, float)) or not bytes_per_elem > 0:
+        raise LabError("zero_bad_bytes", value=bytes_per_elem)
+    n = world_size
+    one = (n - 1) / n * num_params * bytes_per_elem        # one reduce-scatter or one all-gather
+    if stage == 0:
+        parts = {"all_reduce": 2 * one, "reduce_scatter": 0.0, "all_gather": 0.0}
+        paper = 2 * num_params * bytes_per_elem
+    elif stage in (1, 2):
+        parts = {"all_reduce": 0.0, "reduce_scatter": one, "all_gather": one}
+        paper = 2 * num_params * bytes_per_elem
+    else:
+        parts = {"all_reduce": 0.0, "reduce_scatter": one, "all_gather": 2 * one}
+        paper = 3 * num_params * bytes_per_elem
+    total = sum(parts.values())
+    return {**parts, "total": total, "paper": paper, "vs_ddp": (total / (2 * one)) if n > 1 else 1.0}
+
+
+def weights_only_bytes(num_params: float, bytes_per_param: float = 4) -> float:
+    """Bytes of the weights alone (4 per parameter in fp32): what "a 7B model needs 28 GB" counts.
+    Training also holds gradients and optimizer state, see :func:`zero_memory`."""
+    _zero_check(num_params, 0, 1)
+    return bytes_per_param * num_params
+
+
+def memory_table(num_params: float, world_size: int, *, k: float | None = None) -> list[dict]:
+    """Model-state bytes per device for ZeRO stages 0–3 in both precisions: the rows of the lesson's
+    table. Each row: ``stage``, ``precision``, ``params``, ``grads``, ``optimizer``, ``total``
+    (bytes) and ``total_gb`` (1 GB = 1e9 bytes).
+
+    It corrects a table that circulates widely: "a 7B model needs 28 GB on one card, 14 GB with
+    ZeRO-2, 7 GB with ZeRO-3". 28 GB is the fp32 *weights only* (4 × 7e9 bytes). Training with
+    mixed-precision Adam holds 16 bytes per parameter of model states — 112 GB for 7B before any
+    activation — and ZeRO divides by the number of ranks N, not by 2 or 4: ZeRO-3 on N = 8 ranks
+    needs 112/8 = 14 GB per card, on N = 64 about 1.75 GB.
+    """
+    rows = []
+    for precision in ZERO_PRECISIONS:
+        for stage in ZERO_STAGES:
+            m = zero_memory(num_params, stage, world_size, precision=precision,
+                            k=k if precision == "mixed" else None)
+            rows.append({"stage": stage, "precision": precision, **m, "total_gb": m["total"] / 1e9})
+    return rows
+
+
+def format_memory_table(rows: list[dict], lang: str | None = None) -> str:
+    """``memory_table`` rows as a Markdown table, headers in the learner's language (GB = 1e9 B)."""
+    from .i18n import get_lang
+
+    zh = (lang or get_lang()) == "zh"
+    head = ("| 阶段 | 精度 | 参数 | 梯度 | 优化器状态 | 合计 |" if zh
+            else "| stage | precision | params | grads | optimizer | total |")
+    out = [head, "|---|---|---|---|---|---|"]
+    names = {"mixed": "混合精度" if zh else "mixed", "fp32": "fp32"}
+    for r in rows:
+        out.append(f"| ZeRO-{r['stage']} | {names[r['precision']]} | " +
+                   " | ".join(f"{r[key] / 1e9:.3g} GB" for key in ("params", "grads", "optimizer", "total")) + " |")
+    return "\n".join(out)

@@ -196,3 +196,48 @@ def alpha_beta_calculator(alpha: float = 5e-6, beta: float = 1e-11):
     box = w.VBox([w.HBox([op, algo]), p, log_n, alpha_us, bw_gbs, out])
     display(box)
     return box
+
+
+def zero_memory_widget(params_b: float = 7.0, world_size: int = 8, stage: int = 3, precision: str = "mixed"):
+    """An ipywidgets calculator around :func:`dtrain_lab.perfmodel.zero_memory`: sliders for the
+    parameter count (billions), the world size N, the ZeRO stage and the precision; it shows the
+    per-device bytes of parameters, gradients and optimizer state.
+
+    Without ipywidgets (or outside a notebook) it prints the table of every stage and precision for
+    the starting values instead (:func:`dtrain_lab.perfmodel.memory_table`) and returns that text.
+    """
+    from .perfmodel import ZERO_PRECISIONS, format_memory_table, memory_table, zero_memory
+
+    zero_memory(params_b * 1e9, stage, world_size, precision=precision)  # bilingual error on bad input
+    try:
+        import ipywidgets as w
+        from IPython.display import display
+    except ImportError:
+        text = format_memory_table(memory_table(params_b * 1e9, world_size))
+        print(label(f"{params_b:g}B parameters, N = {world_size} (GB = 1e9 bytes per device):",
+                    f"{params_b:g}B 参数，N = {world_size}（每张卡，GB = 1e9 字节）："))
+        print(text)
+        return text
+
+    params = w.FloatLogSlider(value=params_b, base=10, min=-1, max=3, step=0.05,
+                              description=label("params (B)", "参数量（B）"))
+    n = w.IntSlider(value=world_size, min=1, max=1024, description="N")
+    st = w.IntSlider(value=stage, min=0, max=3, description="ZeRO stage" if get_lang() != "zh" else "ZeRO 阶段")
+    prec = w.Dropdown(options=list(ZERO_PRECISIONS), value=precision, description=label("precision", "精度"))
+    out = w.Output()
+
+    def update(*_):
+        m = zero_memory(params.value * 1e9, st.value, n.value, precision=prec.value)
+        out.clear_output()
+        with out:
+            for key, en, zh in (("params", "parameters", "参数"), ("grads", "gradients", "梯度"),
+                                ("optimizer", "optimizer state", "优化器状态"), ("total", "total", "合计")):
+                print(f"{label(en, zh):>16}: {m[key] / 1e9:10.3f} GB")
+
+    for widget in (params, n, st, prec):
+        widget.observe(update, "value")
+    update()
+    box = w.VBox([params, n, st, prec, out])
+    box.update = update  # for tests and for scripted use
+    display(box)
+    return box

@@ -1,0 +1,286 @@
+"""Every ZeRO check in one job: stages 1, 2 and 3 against single-process training, stage 1 against
+PyTorch's ``ZeroRedundancyOptimizer``, gradient clipping right and wrong, bf16 with an fp32 master
+shard, bytes held and bytes sent (lesson on ZeRO, tests/test_zero.py).
+
+    torchrun --standalone --nproc-per-node 3 -m dtrain_lab.demos.zero_run [steps]
+
+Each rank reports a dict per check; ``max_diff`` is the largest absolute difference between the
+parameters after ``steps`` optimizer steps and those of the single-process reference, which trains
+an unsharded copy on the concatenation of every rank's batch with a mean loss (the same gradient as
+the average of the per-rank mean losses). ``trace`` records the buffer sizes handed to
+``torch.distributed`` so that the ``comm_bytes`` a class claims can be checked against what it
+really called.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dtrain_lab import runtime
+from dtrain_lab.models import TinyTransformer
+from dtrain_lab.zero import ShardedOptimizer, ZeroStage3, clip_grad_norm_per_shard_WRONG, ring_bytes
+
+PER_RANK_BATCH = 4
+LR = 1e-2
+
+
+class Net127(nn.Module):
+    """127 parameters (prime: not divisible by 2 or 3): Linear(6, 11) 77, Linear(11, 4) 48, and a
+    root-level parameter of 2 (which ZeroStage3 turns into its own unit)."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.l1 = nn.Linear(6, 11)
+        self.l2 = nn.Linear(11, 4)
+        self.scale = nn.Parameter(torch.ones(2))
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.tanh(self.l1(x))) * self.scale.repeat(2)
+
+
+class Tracer:
+    """Wrap the collectives and record ``(op, buffer bytes)`` of every call (for ``reduce``: the
+    bytes this rank sends in a chain reduce, the buffer unless this rank is the destination)."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, int]] = []
+        self._orig = {}
+
+    def __enter__(self):
+        def wrap(name, op, which):
+            orig = getattr(dist, name)
+            self._orig[name] = orig
+
+            def f(*args, **kwargs):
+                t = args[which]
+                self.calls.append((op, t.numel() * t.element_size()))
+                return orig(*args, **kwargs)
+            setattr(dist, name, f)
+        wrap("all_reduce", "all_reduce", 0)
+        wrap("reduce_scatter_tensor", "reduce_scatter", 1)       # input: the full buffer
+        wrap("all_gather_into_tensor", "all_gather", 0)          # output: the full buffer
+        orig_reduce = dist.reduce
+        self._orig["reduce"] = orig_reduce
+
+        def reduce(tensor, dst=None, *args, **kwargs):
+            sent = 0 if dst == dist.get_rank() else tensor.numel() * tensor.element_size()
+            self.calls.append(("reduce", sent))
+            return orig_reduce(tensor, dst, *args, **kwargs)
+        dist.reduce = reduce
+        return self
+
+    def __exit__(self, *exc):
+        for name, orig in self._orig.items():
+            setattr(dist, name, orig)
+
+    def ring(self, world_size: int, min_bytes: int = 5) -> dict[str, int]:
+        """Ring bytes of the traced calls (the 4-byte all-reduce of a clipping norm left out)."""
+        out = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0, "reduce": 0}
+        for op, n in self.calls:
+            if op == "reduce":
+                out[op] += n
+            elif n >= min_bytes:
+                out[op] += ring_bytes(op, n, world_size)
+        return out
+
+
+def net_batch(n: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 6, generator=g), torch.randn(n, 4, generator=g)
+
+
+def lm_batch(n: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 11, (n, 8), generator=g)
+
+
+def my_slice(t: torch.Tensor, rank: int) -> torch.Tensor:
+    return t[rank * PER_RANK_BATCH:(rank + 1) * PER_RANK_BATCH]
+
+
+def net_loss(model, x, y):
+    return F.mse_loss(model(x), y)
+
+
+def lm_loss(model, toks):
+    logits = model(toks[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), toks[:, 1:].reshape(-1))
+
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+
+
+def max_diff(a: nn.Module | dict, b: nn.Module) -> float:
+    sa = a if isinstance(a, dict) else a.state_dict()
+    return max((sa[k].float() - v.float()).abs().max().item() for k, v in b.state_dict().items())
+
+
+def reference(model, batches, loss_fn, steps, opt_class, clip=None, **kw):
+    """Single process, unsharded, whole batch: returns (model, per-step grad norms before clipping)."""
+    ref = copy.deepcopy(model)
+    opt = opt_class(ref.parameters(), **kw)
+    norms = []
+    for step in range(steps):
+        opt.zero_grad()
+        loss_fn(ref, *batches[step]).backward()
+        if clip is not None:
+            norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), clip).item())
+        opt.step()
+    return ref, norms
+
+
+OPTIMIZERS = {"Adam": (torch.optim.Adam, {"lr": LR}),
+              "AdamW": (torch.optim.AdamW, {"lr": LR, "weight_decay": 0.1}),
+              "SGD": (torch.optim.SGD, {"lr": LR * 10, "momentum": 0.9})}
+
+
+def main() -> None:
+    rt = runtime.current()
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)          # CPU ranks share the machine's cores
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    n, r = rt.world_size, rt.rank
+    dev = rt.device                   # cuda:<local rank> under nccl, else cpu
+    base = Net127(seed=0).to(dev)
+    numel = sum(p.numel() for p in base.parameters())
+    full = [tuple(t.to(dev) for t in net_batch(n * PER_RANK_BATCH, seed=10 + s)) for s in range(steps)]
+    mine = [(my_slice(x, r), my_slice(y, r)) for x, y in full]
+    shard = math.ceil(numel / n)
+    runtime.report(rank=r, world_size=n, numel=numel, shard_numel=shard, steps=steps)
+
+    # 1. stages 1 and 2 with three optimizers ------------------------------------------------------
+    s12 = {}
+    for name, (cls, kw) in OPTIMIZERS.items():
+        ref, _ = reference(base, full, net_loss, steps, cls, **kw)
+        # 1rs: the paper's stage 1 (reduce-scatter); 2b: stage 2 reduced bucket by bucket in backward
+        for stage in ("1", "1rs", "2", "2b"):
+            model = copy.deepcopy(base)
+            with Tracer() as tr:
+                opt = ShardedOptimizer(model.parameters(), cls, stage=int(stage[0]), **kw,
+                                       grad_reduce="reduce_scatter" if stage == "1rs" else None,
+                                       reduce_in_backward=stage == "2b", bucket_numel=40)
+                for step in range(steps):
+                    opt.zero_grad()
+                    net_loss(model, *mine[step]).backward()
+                    opt.step()
+            s12[f"{name}/{stage}"] = {
+                "max_diff": max_diff(model, ref), "state_bytes": opt.state_bytes(),
+                "state_numel": opt.optimizer_state_numel(), "comm_bytes": opt.comm_bytes,
+                "traced": tr.ring(n), "calls": opt.comm_calls, "n_traced": len(tr.calls),
+                "peak_grad_numel": opt.peak_grad_numel,
+                "checksum": flat_params(model).sum().item()}
+    runtime.report(stage12=s12)
+
+    # 2. stage 1 against torch.distributed.optim.ZeroRedundancyOptimizer ---------------------------
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    ours, theirs = copy.deepcopy(base), copy.deepcopy(base)
+    opt_ours = ShardedOptimizer(ours.parameters(), torch.optim.Adam, stage=1, lr=LR)
+    opt_theirs = ZeroRedundancyOptimizer(theirs.parameters(), optimizer_class=torch.optim.Adam, lr=LR)
+    for step in range(steps):
+        opt_ours.zero_grad()
+        net_loss(ours, *mine[step]).backward()
+        opt_ours.step()
+        opt_theirs.zero_grad()
+        net_loss(theirs, *mine[step]).backward()
+        for p in theirs.parameters():            # what DDP would do: average the gradients
+            p.grad.div_(n)
+            dist.all_reduce(p.grad)
+        opt_theirs.step()
+    their_state = sum(v.numel() for st in opt_theirs.optim.state.values() for v in st.values()
+                      if torch.is_tensor(v) and v.dim() > 0)
+    runtime.report(zero_redundancy={"max_diff": max_diff(ours, theirs), "their_state_numel": their_state,
+                                    "our_state_numel": opt_ours.optimizer_state_numel()})
+
+    # 3. clipping: global norm (right) against per-shard norm (WRONG) -------------------------------
+    clip = 0.05
+    ref, ref_norms = reference(base, full, net_loss, steps, torch.optim.SGD, clip=clip, lr=0.5)
+    clipping = {"ref_norms": ref_norms}
+    for how in ("right", "wrong"):
+        for stage in (1, 2):
+            model = copy.deepcopy(base)
+            opt = ShardedOptimizer(model.parameters(), torch.optim.SGD, stage=stage, lr=0.5)
+            norms = []
+            for step in range(steps):
+                opt.zero_grad()
+                net_loss(model, *mine[step]).backward()
+                if how == "right":
+                    norms.append(opt.clip_grad_norm_(clip).item())
+                else:
+                    norms.append(clip_grad_norm_per_shard_WRONG(opt, clip).item())
+                opt.step()
+            clipping[f"{how}/{stage}"] = {"norms": norms, "max_diff": max_diff(model, ref)}
+    runtime.report(clipping=clipping)
+
+    # 4. bf16 parameters, fp32 master shard ---------------------------------------------------------
+    model = copy.deepcopy(base).to(torch.bfloat16)
+    opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, stage=2, lr=LR)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = mine[step]
+        loss = net_loss(model, x.bfloat16(), y.bfloat16())
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    lo = r * shard
+    mine_now = opt.flat.full[lo:lo + shard]
+    runtime.report(bf16={"state_bytes": opt.state_bytes(), "master_dtype": str(opt.master.dtype),
+                         "param_dtype": str(next(model.parameters()).dtype),
+                         "master_numel": opt.master.numel(),
+                         "shard_is_cast_master": torch.equal(mine_now, opt.master.detach().bfloat16()),
+                         "checksum": flat_params(model).double().sum().item(), "losses": losses})
+
+    # 5. stage 3 on Net127 (units l1, l2, <root>) with clipping, and on TinyTransformer ---------------
+    s3 = {}
+    ref, ref_norms = reference(base, full, net_loss, steps, torch.optim.Adam, clip=0.5, lr=LR)
+    model = copy.deepcopy(base)
+    with Tracer() as tr:
+        z = ZeroStage3(model, torch.optim.Adam, lr=LR)
+        norms = []
+        for step in range(steps):
+            z.zero_grad()
+            net_loss(z.module, *mine[step]).backward()
+            norms.append(z.clip_grad_norm_(0.5).item())
+            z.step()
+    comm = z.comm_bytes                      # before gather_full_state_dict adds its own all-gathers
+    s3["net"] = {"max_diff": max_diff(z.gather_full_state_dict(), ref), "norms": norms, "ref_norms": ref_norms,
+                 "units": [(u.name, u.flat.numel, u.flat.shard_numel) for u in z.units],
+                 "state_bytes": z.state_bytes(), "state_numel": z.optimizer_state_numel(),
+                 "comm_bytes": comm, "traced": tr.ring(n), "calls": z.comm_calls,
+                 "peak_gathered_numel": z.peak_gathered_numel, "peak_gathered_units": z.peak_gathered_units,
+                 "params_storage_between_steps": sum(u.flat.full.untyped_storage().size() for u in z.units)}
+    tiny = TinyTransformer(vocab=11, d=8, n_heads=2, n_layers=2, max_len=8, seed=0).to(dev)
+    toks_full = [(lm_batch(n * PER_RANK_BATCH, seed=20 + s).to(dev),) for s in range(steps)]
+    ref, _ = reference(tiny, toks_full, lm_loss, steps, torch.optim.Adam, lr=LR)
+    model = copy.deepcopy(tiny)
+    z = ZeroStage3(model, torch.optim.Adam, lr=LR)
+    for step in range(steps):
+        z.zero_grad()
+        lm_loss(z.module, my_slice(toks_full[step][0], r)).backward()
+        z.step()
+    comm = z.comm_bytes
+    gathered = z.gather_full_state_dict()
+    s3["tiny"] = {"max_diff": max_diff(gathered, ref),
+                  "diff_by_key": {k: (gathered[k] - v).abs().max().item() for k, v in ref.state_dict().items()},
+                  "units": [(u.name, u.flat.numel, u.flat.shard_numel) for u in z.units],
+                  "numel": sum(p.numel() for p in tiny.parameters()),
+                  "state_bytes": z.state_bytes(), "comm_bytes": comm,
+                  "peak_gathered_numel": z.peak_gathered_numel, "peak_gathered_units": z.peak_gathered_units}
+    runtime.report(stage3=s3, last=True)
+    runtime.print0(f"stage 3 TinyTransformer: peak gathered {z.peak_gathered_numel} of "
+                   f"{s3['tiny']['numel']} parameters; max diff {s3['tiny']['max_diff']:.2e}")
+
+
+if __name__ == "__main__":
+    runtime.entrypoint(main)
