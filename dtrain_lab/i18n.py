@@ -283,3 +283,184 @@ MESSAGES.update({
         "zh": "从 rank {rank} 的异常看起：其他 rank 的报错都是连带后果。",
     },
 })
+
+# --- ZeRO memory model / FSDP2 (dtrain_lab.perfmodel.zero_*, dtrain_lab.fsdp) -----------------
+MESSAGES.update({
+    "zero_bad_params": {
+        "en": "num_params (the model's parameter count Ψ) must be a positive number, got {value!r}.",
+        "zh": "num_params（模型参数量 Ψ）必须是正数，收到的是 {value!r}。",
+    },
+    "zero_bad_stage": {
+        "en": "stage must be 0, 1, 2 or 3 (0 = plain data parallel, 3 = parameters sharded too), got {value!r}.",
+        "zh": "stage 只能是 0、1、2 或 3（0 = 普通数据并行，3 = 连参数也切分），收到的是 {value!r}。",
+    },
+    "zero_bad_world": {
+        "en": "world_size (the number of data-parallel ranks N) must be an integer ≥ 1, got {value!r}.",
+        "zh": "world_size（数据并行的 rank 数 N）必须是 ≥ 1 的整数，收到的是 {value!r}。",
+    },
+    "zero_bad_precision": {
+        "en": "precision must be one of {choices}, got {value!r}.",
+        "zh": "precision 只能是 {choices} 之一，收到的是 {value!r}。",
+    },
+    "zero_bad_k": {
+        "en": "k (optimizer-state bytes per parameter) must be a number ≥ 0, got {value!r}.",
+        "zh": "k（每个参数的优化器状态字节数）必须是 ≥ 0 的数，收到的是 {value!r}。",
+    },
+    "zero_bad_bytes": {
+        "en": "bytes_per_elem must be a positive number (2 for fp16/bf16, 4 for fp32), got {value!r}.",
+        "zh": "bytes_per_elem 必须是正数（fp16/bf16 为 2，fp32 为 4），收到的是 {value!r}。",
+    },
+    "fsdp_bad_mp": {
+        "en": "mixed_precision must be None, \"bf16\" or a torch MixedPrecisionPolicy, got {value!r}.",
+        "zh": "mixed_precision 只能是 None、\"bf16\" 或 torch 的 MixedPrecisionPolicy，收到的是 {value!r}。",
+    },
+    "fsdp_no_units": {
+        "en": "units must be submodules of the model; {name} is not one.",
+        "zh": "units 必须是模型的子模块；{name} 不是。",
+    },
+    "fsdp_no_checkpoint": {
+        "en": "No complete checkpoint at {path} (a folder left as {partial} is an interrupted save and is never loaded).",
+        "zh": "{path} 处没有完整的检查点（名为 {partial} 的文件夹是中断了的保存，永远不会被加载）。",
+    },
+})
+
+# --- zero (ZeRO stages 1-3, dtrain_lab/zero.py) --------------------------------------------
+MESSAGES.update({
+    "zero_opt_no_process_group": {
+        "en": "A process_group was given but torch.distributed is not initialised. Start the program with "
+              "torchrun (or dtrain_lab.launch), or leave process_group=None for a world of one.",
+        "zh": "传入了 process_group，但 torch.distributed 尚未初始化。请用 torchrun（或 dtrain_lab.launch）启动程序，"
+              "或者不传 process_group（单进程）。",
+    },
+    "zero_opt_bad_params": {
+        "en": "{what} needs a non-empty list of parameter tensors (parameter groups as dicts are not supported).",
+        "zh": "{what} 需要一个非空的参数张量列表（不支持以 dict 表示的参数组）。",
+    },
+    "zero_opt_shared_params": {
+        "en": "The same parameter appears twice ({what}); tied/shared parameters cannot be sharded here.",
+        "zh": "同一个参数出现了两次（{what}）；这里不能切分共享（绑定）的参数。",
+    },
+    "zero_opt_mixed_dtypes": {
+        "en": "All parameters must have one dtype and one device to be laid out in one flat buffer; found {dtypes}.",
+        "zh": "所有参数必须是同一种 dtype、在同一个设备上，才能排进同一个扁平缓冲区；实际看到 {dtypes}。",
+    },
+    "zero_opt_bad_stage": {
+        "en": "ShardedOptimizer supports stage=1 or stage=2 (got {stage!r}); for stage 3 use ZeroStage3.",
+        "zh": "ShardedOptimizer 只支持 stage=1 或 stage=2（收到 {stage!r}）；第 3 阶段请用 ZeroStage3。",
+    },
+    "zero_opt_no_closure": {
+        "en": "step(closure) is not supported by the ZeRO optimizers here; call loss.backward() and then step().",
+        "zh": "这里的 ZeRO 优化器不支持 step(closure)；请先 loss.backward()，再调用 step()。",
+    },
+    "zero_opt_state_mismatch": {
+        "en": "This state dict belongs to (rank, world size) = {saved}, but this process is {now}.",
+        "zh": "这个 state dict 属于 (rank, world size) = {saved}，而当前进程是 {now}。",
+    },
+    "zero_opt_bad_unit": {
+        "en": "Each unit must be a submodule of the wrapped module (not the module itself); got {unit}.",
+        "zh": "每个 unit 必须是被包装模块的子模块（不能是模块本身）；收到的是 {unit}。",
+    },
+    "zero_opt_backward_stage2": {
+        "en": "reduce_in_backward=True needs stage=2: stage 1 keeps the full averaged gradient on every rank.",
+        "zh": "reduce_in_backward=True 需要 stage=2：第 1 阶段要在每个 rank 上保留完整的平均梯度。",
+    },
+    "zero_opt_bad_bucket": {
+        "en": "bucket_numel (elements per gradient bucket) must be an integer ≥ 1, got {value!r}.",
+        "zh": "bucket_numel（每个梯度桶的元素个数）必须是 ≥ 1 的整数，收到的是 {value!r}。",
+    },
+    "zero_opt_bad_grad_reduce": {
+        "en": "grad_reduce={value!r} is not valid for stage {stage}: stage 1 takes 'all_reduce' (default) or "
+              "'reduce_scatter', stage 2 only 'reduce_scatter'.",
+        "zh": "grad_reduce={value!r} 对第 {stage} 阶段无效：第 1 阶段可选 'all_reduce'（默认）或 'reduce_scatter'，"
+              "第 2 阶段只能用 'reduce_scatter'。",
+    },
+    "zero_opt_unit_output": {
+        "en": "Unit {unit} must return a tensor or a tuple of tensors that requires grad, so that ZeroStage3 "
+              "can gather its parameters again in backward.",
+        "zh": "unit {unit} 必须返回需要梯度的张量（或张量元组），ZeroStage3 才能在反向传播时重新收集它的参数。",
+    },
+})
+
+# --- DeepSpeed (dtrain_lab.deepspeed_lab, lesson 06) ------------------------------------------
+MESSAGES.update({
+    "ds_bad_stage": {
+        "en": "ZeRO stage {value!r} does not exist: choose 0 (plain data parallelism), 1 (optimizer state "
+              "partitioned), 2 (+ gradients) or 3 (+ parameters).",
+        "zh": "不存在 ZeRO stage {value!r}：只能是 0（普通数据并行）、1（切分优化器状态）、2（再切分梯度）"
+              "或 3（再切分参数）。",
+    },
+    "ds_bad_positive_int": {
+        "en": "{name}={value!r}: must be a whole number ≥ 1.",
+        "zh": "{name}={value!r}：必须是 ≥ 1 的整数。",
+    },
+    "ds_bad_number": {
+        "en": "{name}={value!r}: must be a number {rule}.",
+        "zh": "{name}={value!r}：必须是 {rule} 的数。",
+    },
+    "ds_bad_choice": {
+        "en": "{name}={value!r} is not supported. Choose one of: {choices}.",
+        "zh": "不支持 {name}={value!r}，请从以下选项中选择：{choices}。",
+    },
+    "ds_batch_mismatch": {
+        "en": "train_batch_size={train} does not equal micro batch × gradient accumulation × world size = "
+              "{micro} × {accum} × {world} = {product}. DeepSpeed requires the equality exactly; change one of them.",
+        "zh": "train_batch_size={train} 不等于 micro batch × 梯度累积步数 × world size = "
+              "{micro} × {accum} × {world} = {product}。DeepSpeed 要求这个等式严格成立，请改其中一项。",
+    },
+    "ds_offload_needs_zero": {
+        "en": "offload='cpu' needs ZeRO stage 1, 2 or 3 (got stage {stage}): DeepSpeed offloads the "
+              "partitioned optimizer state, and stage 0 partitions nothing.",
+        "zh": "offload='cpu' 需要 ZeRO stage 1、2 或 3（当前是 stage {stage}）：DeepSpeed 卸载的是切分后的"
+              "优化器状态，而 stage 0 什么都不切分。",
+    },
+    "ds_no_fp16": {
+        "en": "fp16 is not available on this machine: no CUDA GPU, and this CPU's oneDNN has no fp16 kernels "
+              "(DeepSpeed's CPU accelerator asks torch.ops.mkldnn._is_mkldnn_fp16_supported()). Use bf16 or fp32.",
+        "zh": "这台机器上用不了 fp16：没有 CUDA GPU，CPU 的 oneDNN 也没有 fp16 kernel（DeepSpeed 的 CPU 加速器"
+              "用 torch.ops.mkldnn._is_mkldnn_fp16_supported() 判断）。请改用 bf16 或 fp32。",
+    },
+    "ds_no_fused_adam": {
+        "en": "FusedAdam is not available on this machine: it is DeepSpeed's fused GPU kernel (CUDA, compiled on "
+              "first use). On the CPU use optimizer='adam' (torch.optim.Adam).",
+        "zh": "这台机器上用不了 FusedAdam：它是 DeepSpeed 为 GPU 写的融合 kernel（需要 CUDA，首次使用时编译）。"
+              "在 CPU 上请用 optimizer='adam'（即 torch.optim.Adam）。",
+    },
+    "ds_why_cpu_adam": {
+        "en": "DeepSpeed's CPU Adam (DeepSpeedCPUAdam) is a C++ op compiled with g++ on first use (minutes); "
+              "it pays off when the optimizer is offloaded from GPUs that do the training",
+        "zh": "DeepSpeed 的 CPU Adam（DeepSpeedCPUAdam）是 C++ 算子，首次使用时要用 g++ 现场编译（几分钟）；"
+              "只有训练在 GPU 上、优化器卸载到 CPU 时才划算",
+    },
+    "ds_compiled_on_first_use": {
+        "en": "compiled on first use",
+        "zh": "首次使用时编译",
+    },
+    "ds_cpu_adam_needs_offload": {
+        "en": "optimizer='cpu_adam' (DeepSpeedCPUAdam) runs the optimizer step on the CPU for an offloaded "
+              "optimizer: use it with offload='cpu'.",
+        "zh": "optimizer='cpu_adam'（DeepSpeedCPUAdam）是给卸载到 CPU 的优化器在 CPU 上做 step 用的，"
+              "请配合 offload='cpu' 使用。",
+    },
+    "ds_offload_client_optimizer": {
+        "en": "DeepSpeed refuses ZeRO-Offload with your own (client) optimizer unless the config says "
+              "\"zero_force_ds_cpu_optimizer\": false (make_config(offload='cpu') writes it); or use DeepSpeedCPUAdam.",
+        "zh": "DeepSpeed 默认不允许 ZeRO-Offload 搭配你自己传入的（client）优化器，除非配置里写明 "
+              "\"zero_force_ds_cpu_optimizer\": false（make_config(offload='cpu') 会写上）；或者改用 DeepSpeedCPUAdam。",
+    },
+    "ds_op_build_failed": {
+        "en": "DeepSpeed could not compile one of its C++/CUDA ops on this machine ({detail}). Run "
+              "`python -m dtrain_lab.deepspeed_lab --probe` to see which ops need a compiler or a GPU.",
+        "zh": "DeepSpeed 无法在这台机器上编译它的某个 C++/CUDA 算子（{detail}）。运行 "
+              "`python -m dtrain_lab.deepspeed_lab --probe` 看哪些算子需要编译器或 GPU。",
+    },
+    "ds_rejected": {
+        "en": "DeepSpeed rejects this config: {detail}",
+        "zh": "DeepSpeed 拒绝了这份配置：{detail}",
+    },
+    "ds_pipeline_zero": {
+        "en": "DeepSpeed's pipeline engine works with ZeRO stage 0 or 1 only (its own assertion: \"ZeRO-2 and "
+              "ZeRO-3 are incompatible with pipeline parallelism\").",
+        "zh": "DeepSpeed 的流水线引擎只支持 ZeRO stage 0 或 1（它自己的断言：\"ZeRO-2 and ZeRO-3 are incompatible "
+              "with pipeline parallelism\"）。",
+    },
+})
