@@ -94,6 +94,7 @@ def _load_builtin() -> None:
     from . import lab11  # noqa: F401
     from . import lab02, lab04  # noqa: F401
     from . import lab05  # noqa: F401
+    from . import lab08  # noqa: F401
 
     for name in filter(None, os.environ.get("DTRAIN_HIDDEN_CHECKS", "").split(",")):
         importlib.import_module(name.strip())
