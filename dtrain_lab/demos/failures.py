@@ -46,15 +46,16 @@ def slow_rank(fix: bool = False):
 
 
 def slow_evaluation(fix: bool = False):
-    """Rank 0 alone evaluates for 4 s, then the ranks average the metric. The group's timeout is 2 s,
+    """Rank 0 alone evaluates for 8 s, then the ranks average the metric. The group's timeout is 3 s,
     standing in for the default 10 min (NCCL) / 30 min (gloo) against a 40-minute evaluation.
-    With ``fix`` every rank evaluates its share of the validation set (4 s / world size each)."""
+    With ``fix`` every rank evaluates its share of the validation set (8 s / world size each)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    group = dist.new_group(timeout=timedelta(seconds=2))
+    dist.barrier()                        # start together (on a loaded machine start-up skews the ranks)
+    group = dist.new_group(timeout=timedelta(seconds=3))
     if fix:
-        time.sleep(4.0 / world)           # each rank evaluates 1/world of the validation set
+        time.sleep(8.0 / world)           # each rank evaluates 1/world of the validation set
     elif rank == 0:
-        time.sleep(4.0)                   # rank 0 evaluates the whole set; the others wait
+        time.sleep(8.0)                   # rank 0 evaluates the whole set; the others wait
     metric = torch.tensor([float(rank)])
     dist.all_reduce(metric, group=group)
     runtime.report(metric=metric.item())
