@@ -464,3 +464,340 @@ MESSAGES.update({
               "with pipeline parallelism\"）。",
     },
 })
+
+# --- tensor / model parallelism (dtrain_lab.tensor_parallel, dtrain_lab.model_parallel) -------
+MESSAGES.update({
+    "tp_uneven": {
+        "en": "Tensor parallelism splits {what} evenly: {n} is not divisible by the tensor-parallel size {tp}. "
+              "Choose a size that divides {n} (or pad the layer to a multiple of {tp}).",
+        "zh": "张量并行要把 {what} 平均切分：{n} 不能被张量并行规模 {tp} 整除。"
+              "请换一个能整除 {n} 的规模（或把这一层补齐到 {tp} 的倍数）。",
+    },
+    "tp_uneven_heads": {
+        "en": "Attention is split by heads: {heads} heads cannot be shared evenly by {tp} ranks. "
+              "The tensor-parallel size must divide the number of heads.",
+        "zh": "注意力按头（head）切分：{heads} 个头没法平均分给 {tp} 个 rank。张量并行规模必须能整除头数。",
+    },
+    "tp_bad_rank": {
+        "en": "rank {rank} is not in a tensor-parallel group of size {tp} (valid: 0 … tp-1, tp ≥ 1).",
+        "zh": "rank {rank} 不在规模为 {tp} 的张量并行组里（合法取值：0 … tp-1，且 tp ≥ 1）。",
+    },
+    "mp_not_sequential": {
+        "en": "Model parallelism here cuts an nn.Sequential (or a model with a `layers` Sequential, like "
+              "dtrain_lab.models.MLP) into consecutive parts; got {kind}.",
+        "zh": "这里的模型并行把 nn.Sequential（或带 `layers` 这个 Sequential 的模型，如 dtrain_lab.models.MLP）"
+              "切成连续的几段；传入的却是 {kind}。",
+    },
+    "mp_bad_parts": {
+        "en": "Cannot cut the model into {parts} parts: it has {linears} Linear layers and every part needs at "
+              "least one. Use between 1 and {linears} ranks.",
+        "zh": "没法把模型切成 {parts} 段：它只有 {linears} 个 Linear 层，而每段至少要一个。"
+              "rank 数请设在 1 到 {linears} 之间。",
+    },
+    "mp_missing_gpu": {
+        "en": "The devices ask for {need} GPUs but this machine has {have}. Pass devices that exist "
+              "(e.g. ['cpu', 'cpu'] to try the code on the CPU).",
+        "zh": "devices 需要 {need} 块 GPU，这台机器只有 {have} 块。请传入实际存在的设备"
+              "（例如 ['cpu', 'cpu']，在 CPU 上试这段代码）。",
+    },
+})
+
+# --- pipeline parallel (dtrain_lab.pipeline) and parallel dimensions (dtrain_lab.parallel_dims) ----
+MESSAGES.update({
+    "pp_bad_int": {
+        "en": "{name} must be an integer ≥ {minimum}, got {value!r}.",
+        "zh": "{name} 必须是 ≥ {minimum} 的整数，收到的是 {value!r}。",
+    },
+    "pp_bad_kind": {
+        "en": "Unknown pipeline schedule {value!r}. Choose one of: {choices}.",
+        "zh": "未知的流水线调度 {value!r}，请从以下选项中选择：{choices}。",
+    },
+    "pp_wrong_stage_count": {
+        "en": "The schedule has {got} stage lists, but the pipeline has {p} stages.",
+        "zh": "调度里有 {got} 个阶段的动作列表，但流水线有 {p} 个阶段。",
+    },
+    "pp_bad_action": {
+        "en": "stage {stage}, position {pos}: {action!r} is not an action (kind 'F' or 'B', micro-batch 0 … m-1).",
+        "zh": "阶段 {stage} 第 {pos} 个动作 {action!r} 无效（类型须为 'F' 或 'B'，微批次编号须在 0 … m-1 之间）。",
+    },
+    "pp_duplicate": {
+        "en": "stage {stage} runs {action} twice.",
+        "zh": "阶段 {stage} 把 {action} 执行了两次。",
+    },
+    "pp_b_before_f": {
+        "en": "stage {stage} runs B{mb} before F{mb}: a backward needs the activations of its forward.",
+        "zh": "阶段 {stage} 在 F{mb} 之前执行了 B{mb}：反向传播需要对应前向传播保存的激活。",
+    },
+    "pp_missing": {
+        "en": "stage {stage} never runs {action}.",
+        "zh": "阶段 {stage} 从未执行 {action}。",
+    },
+    "pp_act": {"en": "activation", "zh": "激活"},
+    "pp_grad": {"en": "gradient", "zh": "梯度"},
+    "pp_wait_recv": {
+        "en": "stage {stage} waits in {action} to receive the {what} from stage {peer}",
+        "zh": "阶段 {stage} 在 {action} 中等待接收阶段 {peer} 的{what}",
+    },
+    "pp_wait_send": {
+        "en": "stage {stage} waits in {action} to send the {what} to stage {peer}",
+        "zh": "阶段 {stage} 在 {action} 中等待把{what}发送给阶段 {peer}",
+    },
+    "pp_deadlock": {
+        "en": "Deadlock: no stage can move. {waits}.",
+        "zh": "死锁：所有阶段都无法继续。{waits}。",
+    },
+    "pp_order": {
+        "en": "Out of order: stage {stage} expects the {what} of micro-batch {expected} from stage {src}, "
+              "but the next message on that link is micro-batch {got} (send/recv match by order).",
+        "zh": "顺序错乱：阶段 {stage} 等待阶段 {src} 发来微批次 {expected} 的数据（{what}），"
+              "但这条链路上的下一条消息属于微批次 {got}（send/recv 按先后顺序配对）。",
+    },
+    "pp_invalid": {
+        "en": "This pipeline schedule cannot run:\n  {problems}",
+        "zh": "这个流水线调度无法运行：\n  {problems}",
+    },
+    "pp_bad_times": {
+        "en": "{name} must be a non-negative number or one per stage ({p} values), got {value!r}.",
+        "zh": "{name} 必须是非负数，或每个阶段一个值（共 {p} 个），收到的是 {value!r}。",
+    },
+    "pp_not_sequential": {
+        "en": "split_sequential needs an nn.Sequential (or a model with a .layers Sequential), got {type}.",
+        "zh": "split_sequential 需要 nn.Sequential（或带 .layers 这个 Sequential 的模型），收到的是 {type}。",
+    },
+    "pp_too_few_layers": {
+        "en": "Cannot cut {layers} layers with parameters into {p} stages: each stage needs at least one.",
+        "zh": "{layers} 个带参数的层无法切成 {p} 个阶段：每个阶段至少要有一层。",
+    },
+    "pp_bad_stage_index": {
+        "en": "stage_index must be in 0 … {p}-1, got {index!r}.",
+        "zh": "stage_index 必须在 0 … {p}-1 之间，收到的是 {index!r}。",
+    },
+    "pp_no_group": {
+        "en": "A pipeline of {p} stages needs an initialised process group (one rank per stage); "
+              "start the program with torchrun or dtrain_lab.launch.",
+        "zh": "{p} 个阶段的流水线需要已初始化的进程组（每个阶段一个 rank）；请用 torchrun 或 dtrain_lab.launch 启动程序。",
+    },
+    "pp_group_mismatch": {
+        "en": "Stage {index} of {p} must run on rank {index} of a group of {p} ranks; this process is rank "
+              "{rank} of {size}.",
+        "zh": "{p} 个阶段中的阶段 {index} 必须运行在 {p} 个 rank 的进程组中的 rank {index} 上；"
+              "当前进程是 {size} 个 rank 中的 rank {rank}。",
+    },
+    "pp_bad_activation": {
+        "en": "A stage output must be one tensor of at most 8 dimensions in float32/16, bfloat16 or float64; "
+              "got shape {shape}, {dtype}.",
+        "zh": "阶段的输出必须是一个不超过 8 维、类型为 float32/16、bfloat16 或 float64 的张量；"
+              "收到的形状为 {shape}，类型为 {dtype}。",
+    },
+    "pp_need_inputs": {
+        "en": "Stage {stage} needs {what}: a list of {m} tensors (one per micro-batch), got {got!r}.",
+        "zh": "阶段 {stage} 需要 {what}：{m} 个张量组成的列表（每个微批次一个），收到的是 {got!r}。",
+    },
+    "dims_bad_factor": {
+        "en": "ParallelDims: {name} must be an integer ≥ 1, got {value!r}.",
+        "zh": "ParallelDims：{name} 必须是 ≥ 1 的整数，收到的是 {value!r}。",
+    },
+    "dims_product": {
+        "en": "ParallelDims: dp × tp × pp = {dp} × {tp} × {pp} = {product}, but world_size = {world}. "
+              "The three degrees must multiply to the number of ranks.",
+        "zh": "ParallelDims：dp × tp × pp = {dp} × {tp} × {pp} = {product}，但 world_size = {world}。"
+              "三个并行度的乘积必须等于 rank 总数。",
+    },
+    "dims_world_mismatch": {
+        "en": "ParallelDims says world_size = {expected}, but the process group has {actual} ranks.",
+        "zh": "ParallelDims 写的 world_size = {expected}，但进程组实际有 {actual} 个 rank。",
+    },
+})
+
+# --- recovery: checkpoints, resume, fault injection, heartbeats (dtrain_lab.recovery) ----------
+MESSAGES.update({
+    "rec_bad_step": {
+        "en": "step must be an integer >= 0, got {value!r}.",
+        "zh": "step 必须是 >= 0 的整数，收到的是 {value!r}。",
+    },
+    "rec_bad_keep": {
+        "en": "keep must be an integer >= 1 (or None to keep every checkpoint), got {value!r}.",
+        "zh": "keep 必须是 >= 1 的整数（None 表示全部保留），收到的是 {value!r}。",
+    },
+    "rec_bad_state": {
+        "en": "A checkpoint state must be a dict (e.g. what recovery.capture() returns), not {type}.",
+        "zh": "检查点的状态必须是 dict（例如 recovery.capture() 的返回值），不能是 {type}。",
+    },
+    "rec_unreadable": {
+        "en": "Cannot read checkpoint {path}: {detail}",
+        "zh": "无法读取检查点 {path}：{detail}",
+    },
+    "rec_truncated": {
+        "en": "Checkpoint {path} is truncated ({size} bytes): its write was interrupted.",
+        "zh": "检查点 {path} 不完整（只有 {size} 字节）：写入过程被中断了。",
+    },
+    "rec_no_footer": {
+        "en": "Checkpoint {path} has no commit footer: it is incomplete or was not written by recovery.save().",
+        "zh": "检查点 {path} 没有提交标记（文件尾）：文件不完整，或者不是 recovery.save() 写的。",
+    },
+    "rec_checksum": {
+        "en": "Checkpoint file {path} fails its SHA-256 check: it is corrupted.",
+        "zh": "检查点文件 {path} 的 SHA-256 校验失败：文件已损坏。",
+    },
+    "rec_skip_bad": {
+        "en": "Skipping checkpoint {path} ({reason}); falling back to the previous one.",
+        "zh": "跳过检查点 {path}（{reason}），改用上一个检查点。",
+    },
+    "rec_dcp_uncommitted": {
+        "en": "{path} is not a committed DCP checkpoint (no valid COMMIT file): its save did not finish.",
+        "zh": "{path} 不是已提交的 DCP 检查点（没有有效的 COMMIT 文件）：保存没有完成。",
+    },
+    "rec_dcp_file": {
+        "en": "Checkpoint file {path} is missing or has the wrong size.",
+        "zh": "检查点文件 {path} 缺失或大小不对。",
+    },
+    "rec_bad_position": {
+        "en": "Data position index {index} is outside 0 … {n} (samples per rank in an epoch).",
+        "zh": "数据位置 index={index} 超出范围 0 … {n}（每个 rank 每个 epoch 的样本数）。",
+    },
+    "rec_bad_position_type": {
+        "en": "A data position must be a DataPosition, a dict with 'epoch' and 'index', or a "
+              "ResumableDistributedSampler, not {type}.",
+        "zh": "数据位置必须是 DataPosition、含 'epoch' 和 'index' 的 dict，或 ResumableDistributedSampler，不能是 {type}。",
+    },
+    "rec_not_train_state": {
+        "en": "This is not a training state made by recovery.capture() (no 'model' / 'step').",
+        "zh": "这不是 recovery.capture() 生成的训练状态（缺少 'model' / 'step'）。",
+    },
+    "rec_missing_part": {
+        "en": "The checkpoint has no {part} state, but a {part} was given to restore().",
+        "zh": "检查点里没有 {part} 的状态，但 restore() 收到了一个 {part}。",
+    },
+    "rec_world_changed": {
+        "en": "The checkpoint holds RNG states of {saved} ranks, the job now has {now}: training continues, "
+              "but not bit-identically to an uninterrupted run.",
+        "zh": "检查点保存了 {saved} 个 rank 的随机数状态，而现在有 {now} 个 rank：训练可以继续，"
+              "但结果不会与不中断的训练逐位相同。",
+    },
+    "rec_bad_fail_env": {
+        "en": "Fault-injection variables must be numbers: {detail}",
+        "zh": "故障注入的环境变量必须是数字：{detail}",
+    },
+    "rec_bad_fail_mode": {
+        "en": "DTRAIN_FAIL_MODE={value!r} is unknown. Choose one of: {choices}.",
+        "zh": "DTRAIN_FAIL_MODE={value!r} 未知，请从以下选项中选择：{choices}。",
+    },
+    "rec_injected": {
+        "en": "[fault injection] mode {mode}: rank {rank} fails at step {step} ({where})",
+        "zh": "[故障注入] 模式 {mode}：rank {rank} 在第 {step} 步失败（{where}）",
+    },
+    "rec_stalled": {
+        "en": "watchdog: rank {rank} has sent no heartbeat for {age:.1f} s (last step {step}).",
+        "zh": "看门狗：rank {rank} 已有 {age:.1f} 秒没有心跳（最后一步：{step}）。",
+    },
+})
+
+# --- multi-node jobs (dtrain_lab.cluster) and mixed GPUs (dtrain_lab.hetero) ------------------
+MESSAGES.update({
+    "cl_nodes_ok": {
+        "en": "✓ {nnodes} nodes, {world} ranks in all, rendezvous at {endpoint}: every node finished (exit code 0)",
+        "zh": "✓ {nnodes} 个节点、共 {world} 个 rank，rendezvous 地址 {endpoint}：所有节点正常结束（退出码 0）",
+    },
+    "cl_nodes_failed": {
+        "en": "✗ the {nnodes}-node job ({world} ranks, rendezvous at {endpoint}) failed",
+        "zh": "✗ {nnodes} 节点作业（共 {world} 个 rank，rendezvous 地址 {endpoint}）失败",
+    },
+    "cl_node_line": {
+        "en": "  node {node} (started with node_rank={node}) -> group rank {group} from the rendezvous, global ranks {ranks}",
+        "zh": "  节点 {node}（启动时 node_rank={node}）-> rendezvous 分配的组 rank 为 {group}，全局 rank {ranks}",
+    },
+    "cl_node_stopped": {
+        "en": "  node {node} was stopped because another node had failed (or the overall time limit ran out)",
+        "zh": "  节点 {node} 因另一个节点失败（或总时限已到）而被终止",
+    },
+    "cl_bad_int": {
+        "en": "{field} must be an integer ≥ {lo}, got {value!r}.",
+        "zh": "{field} 必须是 ≥ {lo} 的整数，收到的是 {value!r}。",
+    },
+    "cl_bad_range": {
+        "en": "{field} must be an integer from {lo} to {hi}, got {value!r}.",
+        "zh": "{field} 必须是 {lo} 到 {hi} 之间的整数，收到的是 {value!r}。",
+    },
+    "cl_bad_name": {
+        "en": "{value!r} is not a valid name: lower-case letters, digits and '-', starting with a letter, "
+              "not ending with '-', at most 40 characters (it becomes pod and host names).",
+        "zh": "{value!r} 不是合法的名字：只能用小写字母、数字和“-”，以字母开头、不以“-”结尾，最长 40 个字符"
+              "（它会成为 Pod 名和主机名的一部分）。",
+    },
+    "cl_nproc_gpus": {
+        "en": "nproc_per_node={nproc} but gpus_per_node={gpus}: a GPU job runs one process per GPU.",
+        "zh": "nproc_per_node={nproc}，gpus_per_node={gpus}：GPU 作业每块 GPU 一个进程，两者必须相等。",
+    },
+    "cl_program": {
+        "en": "Give exactly one of module= (python -m …) and script= (a .py path); got module={module!r}, script={script!r}.",
+        "zh": "module=（python -m …）和 script=（.py 路径）必须且只能给一个；收到 module={module!r}，script={script!r}。",
+    },
+    "cl_bad_module": {
+        "en": "{value!r} is not a module name (a.b.c) or a script path.",
+        "zh": "{value!r} 不是模块名（形如 a.b.c），也不是脚本路径。",
+    },
+    "cl_bad_quantity": {
+        "en": "{field}={value!r} is not a size like '32Gi' or '512Mi' (a positive integer followed by Mi, Gi or Ti).",
+        "zh": "{field}={value!r} 不是形如 '32Gi'、'512Mi' 的大小（正整数后跟 Mi、Gi 或 Ti）。",
+    },
+    "cl_shm_memory": {
+        "en": "shm_size={shm} is not smaller than memory={memory}: /dev/shm is RAM and counts against the memory limit.",
+        "zh": "shm_size={shm} 不小于 memory={memory}：/dev/shm 占用的是内存，计入内存上限。",
+    },
+    "cl_bad_time": {
+        "en": "time_limit={value!r} is not a duration like '02:00:00' or '1-12:00:00' ([days-]hours:minutes:seconds).",
+        "zh": "time_limit={value!r} 不是形如 '02:00:00' 或 '1-12:00:00' 的时长（[天-]时:分:秒）。",
+    },
+    "cl_bad_image": {
+        "en": "image={value!r} is not a container image name.",
+        "zh": "image={value!r} 不是合法的容器镜像名。",
+    },
+    "cl_need_image": {
+        "en": "Job {name!r}: Kubernetes needs a container image (image=…, --image).",
+        "zh": "作业 {name!r}：Kubernetes 需要一个容器镜像（image=…，--image）。",
+    },
+    "cl_env_name": {
+        "en": "{name!r} is not a valid environment variable (KEY=VALUE, KEY of letters, digits and _).",
+        "zh": "{name!r} 不是合法的环境变量（KEY=VALUE，KEY 只能由字母、数字和下划线组成）。",
+    },
+    "cl_env_reserved": {
+        "en": "{name} is set by torchrun, SLURM or the operator for every process; do not set it in env.",
+        "zh": "{name} 由 torchrun、SLURM 或 operator 为每个进程设置，不要在 env 里设置它。",
+    },
+    "cl_env_lint": {  # the linter's finding in each language; "{x:.0}" prints nothing (same fields in both)
+        "en": "env {name}={value!r}: {en}{zh:.0}",
+        "zh": "环境变量 {name}={value!r}：{zh}{en:.0}",
+    },
+    "cl_bad_format": {
+        "en": "Unknown output {value!r}. Choose one of: {choices}.",
+        "zh": "未知的输出格式 {value!r}，请从以下选项中选择：{choices}。",
+    },
+    "cl_written": {
+        "en": "wrote {path} ({fmt})",
+        "zh": "已写入 {path}（{fmt}）",
+    },
+    "het_bad_global": {
+        "en": "global_batch must be a positive integer, got {value!r}.",
+        "zh": "global_batch 必须是正整数，收到的是 {value!r}。",
+    },
+    "het_no_ranks": {
+        "en": "Give one throughput (or one memory limit) per rank: got none.",
+        "zh": "需要为每个 rank 给出一个吞吐量（或一个显存上限）：一个也没有收到。",
+    },
+    "het_bad_value": {
+        "en": "{what}[{rank}]={value!r} must be a positive number.",
+        "zh": "{what}[{rank}]={value!r} 必须是正数。",
+    },
+    "het_lengths": {
+        "en": "throughputs has {n} ranks but max_micro has {m}: give one value per rank.",
+        "zh": "throughputs 有 {n} 个 rank，max_micro 却有 {m} 个：每个 rank 各给一个值。",
+    },
+    "het_too_small": {
+        "en": "global_batch={value} is smaller than the number of ranks ({n}): every rank needs at least one sample.",
+        "zh": "global_batch={value} 小于 rank 数（{n}）：每个 rank 至少要分到一个样本。",
+    },
+    "het_bad_counts": {
+        "en": "Sample counts must be integers ≥ 0 with a positive total, got {value!r}.",
+        "zh": "样本数必须是 ≥ 0 的整数且总数为正，收到的是 {value!r}。",
+    },
+})
