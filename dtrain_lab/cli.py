@@ -8,6 +8,7 @@
     dtrain-lab nccl lint [--file .env] | nccl doctor # NCCL/PyTorch variables; this machine's set-up
     dtrain-lab doctor [--json]                       # the same as ``nccl doctor``
     dtrain-lab bench [--quick]                       # benchmarks (ratios against references)
+    dtrain-lab cluster slurm|trainjob|pytorchjob|job --name N --nnodes K -m MODULE [-o FILE]
 """
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("--quick", action="store_true")
     sub.add_parser("doctor", help="inspect this machine for distributed training (= nccl doctor)")
+    sub.add_parser("cluster", help="write a SLURM/Kubernetes multi-node job file (dtrain-lab cluster --help)")
     argv = list(sys.argv[1:] if argv is None else argv)
     for i in (0, 2):   # ``dtrain-lab [--lang L] doctor ...`` is ``nccl doctor``
         if argv[i:i + 1] == ["doctor"] and (i == 0 or argv[0] == "--lang"):
@@ -89,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         except i18n.LabError as e:
             print(str(e), file=sys.stderr)
             return 2
+    if argv[:1] == ["cluster"] or argv[2:3] == ["cluster"] and argv[0] == "--lang":
+        # dtrain-lab cluster slurm|trainjob|pytorchjob|job --name N --nnodes K ... [-o FILE]
+        from .cluster import main as cluster_main
+
+        if argv[0] == "--lang":
+            i18n.set_lang(argv[1])
+        return cluster_main(argv[argv.index("cluster") + 1:])
     if "grade" in argv[:3] and argv.index("grade") in (0, 2) and (argv.index("grade") == 0 or argv[0] == "--lang"):
         # the grader parses its own options (--list, --json, ...): hand it everything after "grade"
         i = argv.index("grade")

@@ -1,0 +1,143 @@
+"""Two "nodes" on one machine: two torchrun agents (two dtrain_lab.launch calls) joined by a c10d
+rendezvous on a loopback port (dtrain_lab.cluster.run_local_nodes), gloo.
+
+One job that succeeds (every check on its reports) and one where node 1 fails right after start-up:
+node 0 must then be stopped at once, and no process of either node may survive.
+"""
+import uuid
+
+import pytest
+import torch
+
+from conftest import assert_no_survivors
+from dtrain_lab import cluster
+
+DEMO = "dtrain_lab.demos.multinode_check"
+
+
+@pytest.fixture(scope="module")
+def job():
+    tag = uuid.uuid4().hex
+    # node 1's agent starts a second before node 0's: c10d numbers the agents by (address, pid),
+    # so "node 1" normally becomes group rank 0 (pids can wrap around: the test reads them)
+    r = cluster.run_local_nodes(DEMO, nnodes=2, nproc=1, timeout=90, startup_timeout=120,
+                                env={"DTRAIN_TEST_TAG": tag}, start_order=[1, 0], stagger=1.0)
+    assert_no_survivors(tag)
+    return r
+
+
+def test_job_ok_and_ranks_merged(job):
+    assert job.ok, job.summary() + "\n" + "\n".join(r.output[-2000:] for n in job.nodes for r in n.result.ranks)
+    assert [r.rank for r in job.ranks] == [0, 1]
+    assert job.gathered("rank") == [0, 1]                       # metrics found under the true ranks
+    assert job.gathered("world_size") == [2, 2]
+    assert job.gathered("local_rank") == [0, 0]                 # one process per node
+    assert job.gathered("local_world_size") == [1, 1]
+    assert job.gathered("all_reduce_sum") == [3.0, 3.0]        # 1 + 2, across the two "nodes"
+
+
+def test_group_rank_comes_from_the_rendezvous(job):
+    # each node's workers know their node by GROUP_RANK; RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK
+    assert sorted(n.group_rank for n in job.nodes) == [0, 1]
+    for n in job.nodes:
+        assert n.ranks == [n.group_rank]
+        (m,) = [job.metrics[r] for r in n.ranks]
+        env = m["env"]
+        assert m["group_rank"] == n.group_rank == int(env["GROUP_RANK"])
+        assert int(env["RANK"]) == int(env["GROUP_RANK"]) * int(env["LOCAL_WORLD_SIZE"]) + int(env["LOCAL_RANK"])
+        assert env["GROUP_WORLD_SIZE"] == "2" and env["WORLD_SIZE"] == "2"
+        assert env["DTRAIN_SIM_NODE"] == str(n.requested_rank)
+        assert env["TORCHELASTIC_RUN_ID"] == job.rdzv_id
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
+    envs = job.gathered("env")
+    # one master for the whole job: the address and port of group rank 0, not the rendezvous port
+    assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"] == "127.0.0.1"
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    # every rank saw the same table of (host, group rank, local rank, pid, agent pid), one row per rank
+    everyone = job.gathered("everyone")
+    assert everyone[0] == everyone[1]
+    rows = everyone[0]
+    assert [row[1] for row in rows] == [0, 1]
+    assert len({row[3] for row in rows}) == 2 and len({row[4] for row in rows}) == 2
+    # torch's rule (dynamic_rendezvous.py): agents sorted by (address, pid) get group ranks 0, 1, ...
+    agent_pids = [row[4] for row in rows]           # in group-rank order
+    assert agent_pids == sorted(agent_pids)
+
+
+def test_node_rank_is_ignored_and_results_are_renumbered(job):
+    # node 1's agent started first, so unless pids wrapped around it became group rank 0
+    swapped = job.nodes[1].group_rank == 0
+    rows = job.gathered("everyone")[0]
+    node1_agent = rows[job.nodes[1].group_rank][4]
+    node0_agent = rows[job.nodes[0].group_rank][4]
+    assert swapped == (node1_agent < node0_agent)
+    for n in job.nodes:
+        # launch() numbers a node's ranks node_rank * nproc + local_rank: a guess, wrong when swapped
+        guessed = [r.rank for r in n.result.ranks]
+        assert guessed == [n.requested_rank]
+        assert (guessed == n.ranks) == (not swapped)
+        if swapped:   # launch() looked for the reports under the guessed rank and found none
+            assert n.result.ranks[0].metrics == {}
+    # run_local_nodes read them under the ranks the workers really had
+    assert [m["rank"] for m in job.metrics.values()] == [0, 1]
+
+
+def test_ddp_step_same_on_both_nodes_and_equal_to_one_process(job):
+    assert job.gathered("param_spread") == [0.0, 0.0]          # bitwise-identical replicas
+    c = job.gathered("params_checksum")
+    assert c[0] == c[1]
+    for d in job.gathered("ddp_vs_single"):
+        assert d < 1e-6, d
+
+
+# node 1's worker fails at once; node 0's worker waits forever, as a rank waiting for a dead peer
+# would (plain Python, no torch import: only the agents cost a start-up)
+FAIL_WORKER = """
+import os, time
+if os.environ["DTRAIN_SIM_NODE"] == "1":
+    raise RuntimeError("node 1 fails on purpose")
+print("node 0 waits for its peer", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_failing_node_stops_the_other_and_leaves_nothing(tmp_path):
+    worker = tmp_path / "fail_worker.py"
+    worker.write_text(FAIL_WORKER)
+    tag = uuid.uuid4().hex
+    r = cluster.run_local_nodes(str(worker), nnodes=2, nproc=1, timeout=120, startup_timeout=120,
+                                env={"DTRAIN_TEST_TAG": tag})
+    assert_no_survivors(tag)
+    assert not r.ok
+    failed = r.nodes[1].result
+    assert not failed.ok and not failed.hung, failed.summary()
+    assert [rr.rank for rr in r.ranks if "node 1 fails on purpose" in (rr.exception or "")] == r.nodes[1].ranks
+    # node 0 would wait until its own 120 s start-up limit: the runner killed it as soon as node 1 failed
+    node0 = r.nodes[0].result
+    assert r.stopped_by_peer == [0] and r.nodes[0].stopped and not r.nodes[1].stopped
+    assert not node0.ok and node0.returncode == -9 and not node0.hung and node0.elapsed < 100
+    assert "node 0 waits for its peer" in node0.ranks[0].output
+    summary = r.summary("en")
+    assert summary.startswith("✗") and "node 0 was stopped because another node had failed" in summary
+
+
+def test_bad_arguments():
+    from dtrain_lab.i18n import LabError
+
+    with pytest.raises(LabError, match="nnodes"):
+        cluster.run_local_nodes(DEMO, nnodes=0)
+    with pytest.raises(LabError, match="nproc"):
+        cluster.run_local_nodes(DEMO, nproc=1.5)
+    p = cluster.free_port()
+    assert 1024 <= p <= 65535
+
+
+def test_demo_runs_alone_in_a_world_of_one():
+    # without torchrun the demo's collectives are not available; its pieces still agree
+    from dtrain_lab.demos import multinode_check as mc
+
+    a, b = mc._model(), mc._model()
+    assert torch.equal(mc._flat(a), mc._flat(b))
+    x0, _ = mc._batch(0)
+    x1, _ = mc._batch(1)
+    assert not torch.equal(x0, x1)
