@@ -27,6 +27,10 @@ Choices made here, and why:
 * ``TORCH_DISTRIBUTED_DEBUG``: ``init(debug="DETAIL")`` switches it on for this process.
 * Seeding: the same ``seed`` on every rank (identical model initialisation without a broadcast)
   and :func:`data_generator` with a rank offset (different data on each rank).
+* Elastic restarts (``torchrun --max-restarts``): attempt ``n`` > 0 initialises its process group
+  on torchrun's store under its own prefix (``_restart_store``): torchrun keeps one store for
+  the whole job, and without the prefix a restarted rank reads its peers' addresses from the
+  failed attempt.
 * Exit: with torch 2.13 on CPU, gloo's process-group destructor can deadlock on the GIL while the
   interpreter shuts down (pytorch issue 56297). :func:`entrypoint` therefore ends a torchrun worker
   with ``os._exit`` after ``destroy_process_group()`` and after flushing its output; in a notebook
@@ -199,7 +203,11 @@ def init(*, backend: str | None = None, timeout: float | None = None, seed: int 
             torch.cuda.set_device(device)
             kwargs["device_id"] = device
         if not dist.is_initialized():
-            dist.init_process_group(backend=backend, timeout=_dt.timedelta(seconds=timeout_s), **kwargs)
+            pg_timeout = _dt.timedelta(seconds=timeout_s)
+            store = _restart_store(rank, world, pg_timeout)
+            if store is not None:   # an elastic restart: keys of its own (see _restart_store)
+                kwargs.update(store=store, rank=rank, world_size=world)
+            dist.init_process_group(backend=backend, timeout=pg_timeout, **kwargs)
         rt = Runtime(rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
                      backend=backend, device=device, under_torchrun=True, timeout_s=timeout_s, seed=seed)
     else:
@@ -208,6 +216,28 @@ def init(*, backend: str | None = None, timeout: float | None = None, seed: int 
     seed_all(seed)
     _current = rt
     return rt
+
+
+def _restart_store(rank: int, world: int, timeout: _dt.timedelta):
+    """The store for attempt ``TORCHELASTIC_RESTART_COUNT`` > 0 of a torchrun job: torchrun's own
+    store under the prefix ``dtrain_attempt_<n>/default_pg``; ``None`` for a first attempt.
+
+    Why: torchrun (c10d rendezvous, ``--standalone``) keeps ONE TCPStore server for the whole job
+    and gives every attempt the same ``MASTER_ADDR:MASTER_PORT`` (``TORCHELASTIC_USE_AGENT_STORE``).
+    ``init_process_group`` always writes under the same prefix ``default_pg/0//cpu//0/``, so a
+    restarted rank finds its peers' *previous* gloo addresses already in the store and connects to
+    a dead socket ("connectFullMesh failed ... Connection refused") or waits there, unless the
+    new peer overwrote its key first: a race that a restart won about a third of the time. A
+    prefix per attempt gives each attempt an empty key space.
+    """
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", "≥ 0", 0)
+    if not attempt or not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+        return None
+    import torch.distributed as dist
+
+    store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+    store.set_timeout(timeout)
+    return dist.PrefixStore(f"dtrain_attempt_{attempt}/default_pg", store)
 
 
 def current() -> Runtime:
