@@ -16,6 +16,10 @@ Rows (later lessons add theirs):
   bytes, not RSS) of FSDP2 on an MLP of 3.1 M parameters / ``perfmodel.zero_memory(stage=3, "fp32")``;
   with ``dtrain_lab.zero`` also its stages 1, 2 and 3 / the formula for that stage (never timed).
 
+* ``pipeline_bubble``: measured idle fraction of 2 pipeline stages (GPipe and 1F1B, m = 1, 2, 4, 8;
+  recorded per-stage timelines) / ``(p-1)/(m+p-1)``; ``pipeline_activations``: peak activation bytes
+  kept by the executor, 1F1B / GPipe per stage, against ``min(p-s, m)/m``.
+
 Writes ``bench-results/bench.json`` and prints a table. CPU/gloo figures here say nothing about
 NCCL on GPUs.
 """
@@ -143,6 +147,35 @@ def zero_memory_row(nproc: int = 2) -> dict:
     return row
 
 
+def pipeline_rows(nproc: int = 2, m: int = 4) -> tuple[dict, dict]:
+    """Pipeline parallel (``dtrain_lab.demos.pp_run train,timing``, 2 stages; more stages than the
+    machine has cores would time the OS scheduler). ``pipeline_bubble``: measured idle fraction
+    (from the per-stage timelines the executor records; stages that sleep 20 ms forward / 40 ms
+    backward) / ``(p-1)/(m+p-1)``, per schedule and m = 1, 2, 4, 8. ``pipeline_activations``:
+    peak activation bytes the executor actually kept, 1F1B / GPipe, per stage, with m micro-batches
+    (formula: min(p-s, m)/m). Ratios within one run."""
+    from .pipeline import idle_fraction
+
+    r = launch("dtrain_lab.demos.pp_run", nproc=nproc, args=["train,timing", str(m)], timeout=300, quiet=True)
+    if not r.ok:
+        raise RuntimeError(r.summary())
+    ms = [r.metrics[k] for k in sorted(r.metrics)]
+    points = []
+    for key, t in ms[0]["timing"].items():
+        measured = idle_fraction([x["timing"][key]["timeline"] for x in ms])
+        points.append({"schedule": key.split("_m")[0], "m": t["m"], "measured": measured,
+                       "formula": t["formula"], "ratio": measured / t["formula"] if t["formula"] else None})
+    bubble = {"name": "pipeline_bubble", "nproc": nproc, "backend": ms[0]["backend"], "points": points}
+    stages = []
+    for s, x in enumerate(ms):
+        g, o = x["train"][f"gpipe_m{m}"], x["train"][f"1f1b_m{m}"]
+        stages.append({"stage": s, "gpipe_bytes": g["peak_activation_bytes"], "1f1b_bytes": o["peak_activation_bytes"],
+                       "ratio": o["peak_activation_bytes"] / g["peak_activation_bytes"],
+                       "formula": min(nproc - s, m) / m})
+    acts = {"name": "pipeline_activations", "nproc": nproc, "m": m, "stages": stages}
+    return bubble, acts
+
+
 def table(rows: list[dict]) -> str:
     out = ["| row | value | detail |", "|---|---|---|"]
     for row in rows:
@@ -176,6 +209,16 @@ def table(rows: list[dict]) -> str:
                            f"{human_bytes(z['predicted'])} per rank |")
             if row.get("zero_note"):
                 out.append(f"| dtrain_lab.zero rows skipped | – | {row['zero_note']} |")
+        elif row["name"] == "pipeline_bubble":
+            for pt in row["points"]:
+                out.append(f"| pipeline idle, measured / (p-1)/(m+p-1): {pt['schedule']}, m={pt['m']} | "
+                           f"{pt['ratio']:.2f}× | {pt['measured']:.3f} vs {pt['formula']:.3f}, {row['nproc']} stages, "
+                           f"sleeping stages, {row['backend']} |")
+        elif row["name"] == "pipeline_activations":
+            for st in row["stages"]:
+                out.append(f"| pipeline peak activations 1F1B / GPipe, stage {st['stage']} | {st['ratio']:.3f}× | "
+                           f"{st['1f1b_bytes']} B vs {st['gpipe_bytes']} B; min(p-s, m)/m = {st['formula']:.3f}, "
+                           f"m={row['m']} |")
         elif row["name"] == "busbw":
             for p in row["points"]:
                 out.append(f"| busbw all_reduce {human_bytes(p['bytes'])} | {p['busbw_MBps']:.3g} MB/s | "
@@ -197,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(bench_ddp(repeats=2 if args.quick else 5))
     rows.append(compression(steps=100 if args.quick else 200))
     rows.append(zero_memory_row())
+    rows.extend(pipeline_rows())
     meta = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:

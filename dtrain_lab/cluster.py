@@ -227,8 +227,9 @@ def _remap(result, nproc: int, requested_rank: int) -> tuple[int | None, list[in
     true_base = (min(true_ranks) // nproc) * nproc if true_ranks else guessed_base
     group_rank = true_base // nproc if true_ranks else None
     out = []
+    first = min((rr.rank for rr in result.ranks), default=guessed_base)
     for rr in result.ranks:
-        rank = true_base + (rr.rank - guessed_base)
+        rank = true_base + (rr.rank - first)      # launch() already renumbers; older results did not
         new = dataclasses.replace(rr, rank=rank, metrics={}, reports=[])
         for path in sorted(Path(result.log_dir).glob(f"report.{rank}.*.jsonl")):
             for item in _read_jsonl(str(path)):

@@ -424,6 +424,25 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
     except KeyboardInterrupt:
         interrupted = True
 
+    if nnodes > 1:
+        # c10d rendezvous ignores --node-rank: it orders the agents itself (dynamic_rendezvous.py
+        # sorts them), so this node's ranks are known only from what its workers were given
+        true = sorted(int(p.name.split(".")[1]) for p in job_dir.glob("started.*") if p.name.split(".")[1].isdigit())
+        if true and (min(true) // nproc) * nproc != rank_base:
+            shift = (min(true) // nproc) * nproc - rank_base
+            rank_base += shift
+            for d in (live_count, stored_lines):
+                moved = {r + shift: v for r, v in d.items()}
+                d.clear()
+                d.update(moved)
+            moved_ranks = {}
+            for r, rr in ranks.items():
+                rr.rank = r + shift
+                moved_ranks[r + shift] = rr
+            ranks.clear()
+            ranks.update(moved_ranks)
+            for path, (r, stream, tail) in list(tails.items()):
+                tails[path] = (r + shift, stream, tail)
     if hung:
         _collect_stacks(job_dir, ranks)
     killed = _procs.kill_job(job_id, proc, since=wall0)

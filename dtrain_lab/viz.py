@@ -241,3 +241,91 @@ def zero_memory_widget(params_b: float = 7.0, world_size: int = 8, stage: int = 
     box.update = update  # for tests and for scripted use
     display(box)
     return box
+
+
+# ------------------------------------------------------------------------------------ pipeline parallel
+def pipeline_timeline(timeline, ax=None, title: str | None = None, unit: str = "", scale: float = 1.0):
+    """Who computes what when: one row per stage, a bar per action (forward blue, backward orange,
+    labelled with the micro-batch), white gaps are the bubble. ``timeline``: per stage a list of
+    ``(start, end, action)`` from :func:`dtrain_lab.pipeline.simulate_timeline` or the ``timeline``
+    that :func:`dtrain_lab.pipeline.run_schedule` recorded on each rank (times are shifted so that
+    the first action starts at 0, then multiplied by ``scale``, e.g. 1e3 for milliseconds)."""
+    from .pipeline import _as_action, idle_fraction
+
+    if ax is None:
+        _, ax = new_figure(figsize=(9, 0.55 * len(timeline) + 1.2))
+    starts = [float(e[0]) for stage in timeline for e in stage]
+    t0 = min(starts) if starts else 0.0
+    colors = {"F": "#4C72B0", "B": "#DD8452"}
+    for s, stage in enumerate(timeline):
+        for start, end, act in stage:
+            a = _as_action(act)
+            x0, w = (float(start) - t0) * scale, (float(end) - float(start)) * scale
+            ax.broken_barh([(x0, w)], (s - 0.4, 0.8), facecolors=colors.get(a.kind, "grey"), edgecolor="white")
+            ax.text(x0 + w / 2, s, str(a), ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks(range(len(timeline)))
+    ax.set_yticklabels([label(f"stage {s}", f"阶段 {s}") for s in range(len(timeline))])
+    ax.invert_yaxis()
+    ax.set_xlabel(label(f"time {unit}".strip(), f"时间 {unit}".strip()))
+    idle = idle_fraction(timeline)
+    ax.set_title((title + " — " if title else "") + label(f"idle {idle:.1%}", f"空闲 {idle:.1%}"))
+    ax.grid(True, axis="x", alpha=0.3)
+    return ax
+
+
+def pipeline_widget(num_stages: int = 4, num_microbatches: int = 8, kind: str = "1f1b",
+                    t_f: float = 1.0, t_b: float = 2.0):
+    """Sliders for the number of stages p and of micro-batches m and the schedule: prints the bubble
+    fraction (p-1)/(m+p-1), the simulated idle share and the micro-batches each stage holds at
+    most, and draws the simulated timeline (:func:`dtrain_lab.pipeline.simulate_timeline`).
+
+    Without ipywidgets (or outside a notebook) it prints and draws the starting values once and
+    returns the printed text."""
+    from .pipeline import bubble_fraction, idle_fraction, peak_in_flight, schedule, simulate_timeline
+
+    schedule(kind, num_stages, num_microbatches)   # bilingual error on bad input
+
+    def describe(p: int, m: int, k: str) -> str:
+        sched = schedule(k, p, m)
+        tl = simulate_timeline(sched, t_f, t_b)
+        peaks = ", ".join(str(peak_in_flight(x)) for x in sched)
+        return (label(f"p = {p}, m = {m}, {k}: bubble (p-1)/(m+p-1) = {bubble_fraction(p, m):.3f}; "
+                      f"simulated idle = {idle_fraction(tl):.3f}; micro-batches held per stage: {peaks}",
+                      f"p = {p}，m = {m}，{k}：气泡 (p-1)/(m+p-1) = {bubble_fraction(p, m):.3f}；"
+                      f"模拟空闲比例 = {idle_fraction(tl):.3f}；各阶段最多保存的微批次数：{peaks}")), tl
+
+    def draw(tl, p, m, k):
+        import matplotlib.pyplot as plt
+
+        _, ax = new_figure(figsize=(9, 0.4 * p + 1.4))
+        pipeline_timeline(tl, ax=ax, title=f"{k}, p={p}, m={m}")
+        plt.show()
+
+    try:
+        import ipywidgets as w
+        from IPython.display import display
+    except ImportError:
+        text, tl = describe(num_stages, num_microbatches, kind)
+        print(text)
+        draw(tl, num_stages, num_microbatches, kind)
+        return text
+
+    p = w.IntSlider(value=num_stages, min=1, max=8, description=label("stages p", "阶段数 p"))
+    m = w.IntSlider(value=num_microbatches, min=1, max=32, description=label("micro-batches m", "微批次 m"))
+    k = w.Dropdown(options=["gpipe", "1f1b"], value=kind, description=label("schedule", "调度"))
+    out = w.Output()
+
+    def update(*_):
+        text, tl = describe(p.value, m.value, k.value)
+        out.clear_output(wait=True)
+        with out:
+            print(text)
+            draw(tl, p.value, m.value, k.value)
+
+    for widget in (p, m, k):
+        widget.observe(update, "value")
+    update()
+    box = w.VBox([w.HBox([p, m, k]), out])
+    box.update = update  # for tests and for scripted use
+    display(box)
+    return box
