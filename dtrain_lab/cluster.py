@@ -114,12 +114,9 @@ class NodesResult:
 
     def gathered(self, key: str) -> list:
         """``metrics[r][key]`` for every rank of the whole job, in global-rank order."""
-        out = []
-        for r in self.ranks:
-            if key not in r.metrics:
-                raise KeyError(f"rank {r.rank} reported no {key!r} (it reported {sorted(r.metrics)})")
-            out.append(r.metrics[key])
-        return out
+        from .launch import gathered
+
+        return gathered(self.ranks, key)
 
     def summary(self, lang: str | None = None) -> str:
         lines = [tr("cl_nodes_ok" if self.ok else "cl_nodes_failed", lang, nnodes=self.nnodes,

@@ -801,3 +801,48 @@ MESSAGES.update({
         "zh": "样本数必须是 ≥ 0 的整数且总数为正，收到的是 {value!r}。",
     },
 })
+
+MESSAGES.update({
+    "mon_step_open": {
+        "en": "StepTimer.start_step() called while a step is still open: call end_step() first.",
+        "zh": "上一步还没结束就调用了 StepTimer.start_step()：请先调用 end_step()。",
+    },
+    "mon_step_not_open": {
+        "en": "StepTimer.end_step() called without start_step().",
+        "zh": "没有先调用 start_step() 就调用了 StepTimer.end_step()。",
+    },
+    "mon_no_step": {
+        "en": "timer.phase({name!r}) used outside a step: call timer.start_step() first.",
+        "zh": "timer.phase({name!r}) 用在了一步之外：请先调用 timer.start_step()。",
+    },
+    "mon_phase_open": {
+        "en": "end_step() called while phase {name!r} is still open.",
+        "zh": "阶段 {name!r} 还没结束就调用了 end_step()。",
+    },
+    "mon_no_steps": {
+        "en": "No steps to summarise: {n} recorded, skip={skip}.",
+        "zh": "没有可汇总的步：共记录了 {n} 步，skip={skip}。",
+    },
+    "mon_bad_steps": {
+        "en": "profile_step needs steps ≥ 1 and warmup ≥ 0, got steps={steps}, warmup={warmup}.",
+        "zh": "profile_step 要求 steps ≥ 1、warmup ≥ 0，收到的是 steps={steps}、warmup={warmup}。",
+    },
+    "mon_no_trace": {
+        "en": "No trace file at {path}: run profile_step first.",
+        "zh": "{path} 处没有 trace 文件：请先运行 profile_step。",
+    },
+    "mon_table_title": {
+        "en": "mean time per step, per rank:",
+        "zh": "各 rank 每步的平均耗时：",
+    },
+    "mon_straggler": {
+        "en": "straggler: rank {rank} (busy {busy:.2f} ms/step); rank {fast} is busy {fast_busy:.2f} ms/step "
+              "and waits {wait:.2f} ms/step longer inside the collectives",
+        "zh": "掉队者：rank {rank}（每步忙 {busy:.2f} ms）；rank {fast} 每步只忙 {fast_busy:.2f} ms，"
+              "在集合通信里每步多等 {wait:.2f} ms",
+    },
+    "mon_split": {
+        "en": "step {step:.2f} ms = {parts}; {sps:.1f} samples/s [{clock}]",
+        "zh": "每步 {step:.2f} ms = {parts}；{sps:.1f} 样本/s [{clock}]",
+    },
+})

@@ -51,6 +51,16 @@ DEFAULT_STARTUP_TIMEOUT_S = 120.0
 MAX_LINE_CHARS = 4000
 
 
+def gathered(ranks: Sequence["RankResult"], key: str) -> list:
+    """``r.metrics[key]`` for each of ``ranks`` in order; a KeyError names the rank that lacks it."""
+    out = []
+    for r in ranks:
+        if key not in r.metrics:
+            raise KeyError(f"rank {r.rank} reported no {key!r} (it reported {sorted(r.metrics)})")
+        out.append(r.metrics[key])
+    return out
+
+
 @dataclass
 class RankResult:
     rank: int
@@ -106,12 +116,7 @@ class LaunchResult:
 
     def gathered(self, key: str) -> list:
         """``metrics[r][key]`` for every rank in rank order (KeyError names the rank that lacks it)."""
-        out = []
-        for r in self.ranks:
-            if key not in r.metrics:
-                raise KeyError(f"rank {r.rank} reported no {key!r} (it reported {sorted(r.metrics)})")
-            out.append(r.metrics[key])
-        return out
+        return gathered(self.ranks, key)
 
     def summary(self, lang: str | None = None, timing: bool = True) -> str:
         lines = []
