@@ -47,6 +47,7 @@ TEXT = {
               "zh": "✗ {title}：在 {n} 个 rank 上崩溃；最先出错的是 rank {rank}：{exc}"},
     "hang": {"en": "✗ {title}: hung on {n} ranks (no progress within {limit:g} s). Where each rank waited:",
              "zh": "✗ {title}：在 {n} 个 rank 上挂起（{limit:g} 秒内没有进展）。各 rank 卡在："},
+    "scenario": {"en": "  (scenario: {name})", "zh": "  （场景：{name}）"},
     "hang_startup": {"en": "✗ {title}: the ranks never finished starting on {n} ranks (did every rank create the process group?).",
                      "zh": "✗ {title}：{n} 个 rank 始终没能完成启动（是不是有 rank 没有建立进程组？）。"},
     # --- static (read, never run) exercises
@@ -196,17 +197,20 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, quiet: bool) -> Verdict
 
     title = ex.title[lang]
     elapsed = 0.0
-    for n in ex.world_sizes:
+    for n, run in [(n, run) for n in ex.world_sizes for run in (ex.runs or ({},))]:
+        env = {"DTRAIN_LANG": lang, "DTRAIN_BACKEND": "gloo", **run.get("env", {})}
         r = launch("dtrain_lab.grading.harness", nproc=n, args=[ex.id, str(path.resolve())],
                    timeout=ex.timeout, startup_timeout=max(60.0, ex.timeout), quiet=quiet,
-                   max_output_lines=2000,
+                   max_output_lines=2000, max_restarts=run.get("max_restarts", 0),
                    # exercises are CPU programs: gloo even on a GPU machine (NCCL serves CUDA tensors only)
-                   env={"DTRAIN_LANG": lang, "DTRAIN_BACKEND": "gloo"})
+                   env=env)
+        scenario = _t("scenario", lang, name=run["name"][lang]) if run.get("name") else None
         elapsed += r.elapsed
         if r.hung:
             if r.phase == "startup":
-                return _verdict(ex, "hang", _t("hang_startup", lang, title=title, n=n), lang, world_size=n)
-            lines = [_t("hang", lang, title=title, n=n, limit=ex.timeout)]
+                lines = [_t("hang_startup", lang, title=title, n=n)] + ([scenario] if scenario else [])
+                return _verdict(ex, "hang", "\n".join(lines), lang, world_size=n)
+            lines = [_t("hang", lang, title=title, n=n, limit=ex.timeout)] + ([scenario] if scenario else [])
             for rr in r.ranks:
                 where = f"{rr.waiting.call} ({rr.waiting.where})" if rr.waiting else "?"
                 lines.append(f"  rank {rr.rank}: {where}")
@@ -215,7 +219,7 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, quiet: bool) -> Verdict
         traces = {rr.rank: trace.read(os.path.join(r.log_dir, f"trace.{rr.rank}.jsonl")) for rr in r.ranks}
         if not r.ok:
             exc = r.exception or f"exit code {r.returncode}"
-            lines = [_t("crash", lang, title=title, n=n, rank=r.first_failure, exc=exc)]
+            lines = [_t("crash", lang, title=title, n=n, rank=r.first_failure, exc=exc)] + ([scenario] if scenario else [])
             if _is_secondary(exc):
                 lines.append(_t("peer_gone", lang))
                 mismatch = trace.first_mismatch(traces)
@@ -240,8 +244,8 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, quiet: bool) -> Verdict
                 if text not in problems:
                     problems.append(text)
         if problems:
-            return _verdict(ex, "wrong", "\n".join([_t("wrong", lang, title=title, n=n)] + problems), lang,
-                            world_size=n)
+            head = [_t("wrong", lang, title=title, n=n)] + ([scenario] if scenario else [])
+            return _verdict(ex, "wrong", "\n".join(head + problems), lang, world_size=n)
     v = _verdict(ex, "pass", _t("pass", lang, title=title, sizes=" / ".join(map(str, ex.world_sizes)),
                                      ranks="rank" if tuple(ex.world_sizes) == (1,) else "ranks"), lang)
     v.elapsed = elapsed

@@ -54,6 +54,8 @@ def main() -> None:
     rt = runtime.current()
     if ex.pg_timeout:
         _shorten_pg_timeout(rt, ex.pg_timeout)   # before tracing: the barrier is the harness's own
+    if ex.setup is not None:
+        ex.setup(rt)
     job_dir = os.environ.get("DTRAIN_JOB_DIR", "/tmp")
     trace.install(os.path.join(job_dir, f"trace.{rt.rank}.jsonl"))
 

@@ -12,6 +12,9 @@ Two optional kinds of exercise extend this:
   ``static_check(text, path)`` returns the problems; nothing is launched. A problem carrying
   ``"error": True`` means the file could not be graded at all (a malformed line, for example).
   Hidden checks of such an exercise are called as ``check(None, text, path)``.
+* ``runs``: scenarios, each launched in turn (per world size) with its own environment and
+  ``max_restarts`` (lab 09 kills a rank on the first attempt and lets torchrun restart the job);
+  ``setup(rt)`` runs in every rank before the submission is imported (where a fault is armed).
 * ``pg_timeout``: a launched exercise about the process-group timeout; the harness shortens the
   default group's timeout to this many seconds once every rank has joined. ``explain(outcome,
   feedback, source)`` adds problems to a failed verdict (say, why the timeout tripped).
@@ -44,6 +47,8 @@ class Exercise:
     static_check: Callable[[str, Any], list] | None = None   # f(text, path) -> problems; never launched
     pg_timeout: float | None = None    # seconds: the default group's timeout while the submission runs
     explain: Callable[[str, str, str], list] | None = None   # f(outcome, feedback, source) -> problems
+    runs: tuple = ()                   # scenarios: ({"name": {zh, en}, "env": {...}, "max_restarts": k}, ...)
+    setup: Callable[[Any], None] | None = None   # f(rt), in every rank before the submission is imported
 
     def all_checks(self) -> list:
         return list(self.checks) + list(self.hidden)
@@ -95,6 +100,7 @@ def _load_builtin() -> None:
     from . import lab02, lab04  # noqa: F401
     from . import lab05  # noqa: F401
     from . import lab08  # noqa: F401
+    from . import lab09  # noqa: F401
 
     for name in filter(None, os.environ.get("DTRAIN_HIDDEN_CHECKS", "").split(",")):
         importlib.import_module(name.strip())

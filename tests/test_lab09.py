@@ -1,0 +1,140 @@
+"""Lab 09 (survive a killed rank): the solutions pass, learner stubs are "not yet", plausible wrong
+answers fail with the right explanation, and the grader's reference is what it claims.
+
+Solutions and stubs come from solutions/_source/lab_09_recovery.md; wrong answers live in
+tests/submissions/lab09. Exercise 1's checks run here, in this process (its driver needs no process
+group); exercise 2 is launched: every launch kills a rank and lets torchrun restart the job, so only
+three wrong answers are launched, each failing on its first differing scenario. The solutions are
+also graded by the solution notebooks (zh and en).
+"""
+import importlib
+import importlib.util
+import re
+
+import pytest
+import torch
+
+from conftest import ROOT
+from dtrain_lab import authoring
+from dtrain_lab.grading import grade, grade_notebook, lab09, registry, submissions_in_notebook
+
+SOURCE = ROOT / "solutions" / "_source" / "lab_09_recovery.md"
+WRONG = ROOT / "tests" / "submissions" / "lab09"
+HAN = r"[\u4e00-\u9fff]"
+
+
+def programs() -> dict:
+    out = {}
+    for cell in authoring.parse(SOURCE.read_text(encoding="utf-8")):
+        text = cell.text.get("*", "")
+        if cell.kind == "code" and text.startswith("%%writefile lab09_"):
+            first, _, body = text.partition("\n")
+            out["lab09." + first.split()[1][len("lab09_"):-len(".py")]] = authoring.blocks(body)
+    return out
+
+
+PROGRAMS = programs()
+EXERCISES = sorted(e.id for e in registry.all_exercises() if e.lab == "lab_09")
+
+
+def module_from(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def text(problems, lang: str) -> str:
+    return "\n".join(p[lang] for p in problems)
+
+
+# ------------------------------------------------------------------ structure, no launch
+def test_exercises_cells_and_scenarios():
+    assert sorted(PROGRAMS) == EXERCISES == ["lab09.atomic_save", "lab09.resume"]
+    for ex_id in EXERCISES:
+        ex = registry.get(ex_id)
+        assert ex.filename == ex_id.replace(".", "_", 1) + ".py" and ex.title["en"] and re.search(HAN, ex.title["zh"])
+        assert "# YOUR CODE HERE" in PROGRAMS[ex_id]["learner"] and "YOUR CODE HERE" not in PROGRAMS[ex_id]["solution"]
+    resume = registry.get("lab09.resume")
+    assert resume.world_sizes == (2,) and len(resume.runs) == 2
+    assert all(r["max_restarts"] == 1 and lab09.FAULT_ENV in r["env"] for r in resume.runs)
+    for kind in ("labs", "solutions"):
+        assert "lab09_*.py" in (ROOT / kind / ".gitignore").read_text().split()
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lang):
+    def refuse(*a, **kw):
+        raise AssertionError("a stub was launched")
+    monkeypatch.setattr(importlib.import_module("dtrain_lab.launch"), "launch", refuse)
+    for ex_id in EXERCISES:
+        path = tmp_path / f"{lang}-{ex_id}" / registry.get(ex_id).filename
+        path.parent.mkdir()
+        path.write_text(PROGRAMS[ex_id]["learner"])
+        v = grade(ex_id, path, lang=lang)
+        assert v.outcome == "error" and v.details.get("not_yet"), v.feedback
+        assert bool(re.search(HAN, v.feedback)) == (lang == "zh"), v.feedback
+    nb = ROOT / "labs" / lang / "lab_09_recovery.ipynb"
+    assert set(submissions_in_notebook(nb)) == set(EXERCISES)
+    assert all(v.details.get("not_yet") for v in grade_notebook(nb, lang=lang, workdir=str(tmp_path)))
+
+
+# ------------------------------------------------------------------ exercise 1, in this process
+def test_atomic_solution_and_wrong_answers(tmp_path, monkeypatch):
+    monkeypatch.setenv("DTRAIN_JOB_DIR", str(tmp_path))
+    sol = tmp_path / "sol.py"
+    sol.write_text(PROGRAMS["lab09.atomic_save"]["solution"])
+    result = module_from(sol, "lab09_sol").run()
+    assert lab09._check_atomic(None, result, None) == []
+    # the driver really crashed the second save, and the file still held step 1, whole
+    assert result["crash"]["raised"] == "crash" and result["crash"]["holds"] == {"step": 1, "whole": True}
+    assert result["third"]["holds"] == {"step": 3, "whole": True} and result["third"]["files"] == ["state.pt"]
+    # a crash never reaches the learner's except Exception
+    assert not issubclass(lab09.SimulatedCrash, Exception)
+
+    expected = {
+        "atomic_direct.py": ("zh", ["写了一半的文件", "os.replace"]),
+        "atomic_no_fsync.py": ("en", ["not os.fsync'ed before the rename", "folder was not fsync'ed"]),
+        "atomic_other_folder.py": ("en", ["not in path's folder"]),
+    }
+    for name, (lang, phrases) in expected.items():
+        res = module_from(WRONG / name, name[:-3]).run()
+        found = text(lab09._check_atomic(None, res, None), lang)
+        for phrase in phrases:
+            assert phrase in found, (name, phrase, found)
+    direct = module_from(WRONG / "atomic_direct.py", "direct2").run()
+    assert "error" in direct["crash"]["holds"]          # the torn file really does not load
+
+
+# ------------------------------------------------------------------ the reference, no launch
+def test_reference_is_exact_and_every_slip_moves_the_result():
+    ref = lab09.simulate(2)
+    whole = lab09.simulate(2, resume_at=4)
+    assert all(torch.equal(a, b) for a, b in zip(ref, whole))       # a complete resume is bit-identical
+    for drop in lab09._DROP_HINTS:
+        off = lab09.simulate(2, resume_at=4, drop=drop)
+        assert max(float((a - b).abs().max()) for a, b in zip(ref, off)) > 1e-3, drop
+    # the slips are told apart: no two variants give the same parameters
+    variants = {d: lab09.simulate(2, resume_at=4, drop=d) for d in lab09._DROP_HINTS}
+    names = sorted(variants)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not lab09._close(variants[a], variants[b]), (a, b)
+
+
+# ------------------------------------------------------------------ exercise 2, launched with kills and restarts
+LAUNCHED_WRONG = {
+    "resume_rank0_rng.py": ("zh", "wrong", ["rank 0 的随机数状态", "all_gather_object", "场景"]),
+    "resume_start_over.py": ("en", "wrong", ["started over from step 0"]),
+    "resume_not_atomic.py": ("en", "crash", ["torn", "rank 0 killed while writing its second checkpoint"]),
+}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("file", sorted(LAUNCHED_WRONG))
+def test_resume_wrong_answers_fail_with_an_explanation(file):
+    lang, outcome, phrases = LAUNCHED_WRONG[file]
+    v = grade("lab09.resume", WRONG / file, lang=lang)
+    assert not v.passed and v.outcome == outcome, v.feedback
+    for phrase in phrases:
+        assert phrase in v.feedback, (phrase, v.feedback)
