@@ -184,25 +184,25 @@ def _check_atomic(rt, result, module):
                          "second save did not call torch.save."))
     held = crash["holds"]
     if held.get("step") != 1 or not held.get("whole"):
-        what_zh = "写了一半的文件" if "error" in held else ("文件不见了" if held.get("missing") else str(held))
+        what_zh = "留下的是写了一半的文件" if "error" in held else ("什么文件都没有" if held.get("missing") else f"留下的是 {held}")
         what_en = "a half-written file" if "error" in held else ("no file at all" if held.get("missing") else str(held))
         p.append(problem(
-            f"保存写到一半时进程“崩溃”了，之后 path 上留下的是{what_zh}，而不是完好的旧检查点。要先写到同一目录下的临时文件，"
-            "写完并 fsync 之后再用 os.replace 把它原子地换成 path：崩溃发生在任何时刻，path 上都只会是完整的旧文件或完整的新文件。",
+            f"保存写到一半时进程“崩溃”了，之后 path 上{what_zh}，而不是完好的旧检查点。要先写到同一目录下的临时文件，"
+            "写完并 fsync 之后再用 os.replace 把它原子地替换到 path 上：这样无论崩溃发生在哪一刻，path 上都只会是完整的旧文件或完整的新文件。",
             f"the process 'crashed' half-way through a save and path was left holding {what_en} instead of the whole "
             "old checkpoint. Write a temporary file in the same folder, fsync it, then os.replace it onto path: "
             "whenever a crash happens, path then holds the whole old file or the whole new one."))
     targets = [e[1] for e in saves if e[1]]
     if targets and any(os.path.abspath(t) == os.path.abspath(result["path"]) for t in targets):
         if not p:
-            p.append(problem("torch.save 直接写到了 path 上：崩溃会留下写了一半的文件。",
+            p.append(problem("torch.save 直接写到了 path 上：一旦崩溃，path 上就会留下写了一半的文件。",
                              "torch.save wrote straight onto path: a crash leaves a half-written file there."))
     elif any(e[0] == "replace" and os.path.dirname(os.path.abspath(e[1])) != os.path.abspath(folder)
              for e in first["events"] + third["events"]):
         p.append(problem("临时文件不在 path 所在的目录里：os.replace 只有在同一个文件系统内才是原子的"
-                         "（跨文件系统时它会失败或退化成复制），所以临时文件要和 path 放在同一目录。",
+                         "（跨文件系统时它直接报错 EXDEV；shutil.move 则会退化成复制，不再原子），所以临时文件要和 path 放在同一目录。",
                          "the temporary file is not in path's folder: os.replace is atomic only within one file "
-                         "system (across file systems it fails or copies), so put the temporary file next to path."))
+                         "system (across file systems it fails with EXDEV, and shutil.move falls back to a copy, which is not atomic), so put the temporary file next to path."))
     left = [f for f in third["files"] if f != "state.pt"]
     leftovers_after_ok = [f for f in first["files"] if f != "state.pt"]
     if leftovers_after_ok:
@@ -223,7 +223,7 @@ def _check_atomic(rt, result, module):
         i = kinds.index("replace")
         if ("fsync", "file") not in ev[:i]:
             p.append(problem(
-                "改名之前没有对临时文件做 os.fsync：文件系统可能先把改名落盘、后写数据，断电后 path 上会是一个空的或残缺的文件"
+                "改名之前没有对临时文件做 os.fsync：文件系统可能先把改名落盘、数据却还没落盘，断电后 path 上会是一个空的或残缺的文件"
                 "（ext4 的 delayed allocation 就出过这种事）。写完后先 f.flush()，再 os.fsync(f.fileno())，然后再改名。",
                 "the temporary file was not os.fsync'ed before the rename: the file system may persist the rename "
                 "before the data, and after a power loss path holds an empty or partial file (ext4's delayed "
@@ -231,10 +231,12 @@ def _check_atomic(rt, result, module):
         if ("fsync", "dir") not in ev[i + 1:]:
             p.append(problem(
                 "改名之后没有 fsync 目录：改名本身记录在目录里，不 fsync 目录，断电后改名可能丢失。"
-                "用 fd = os.open(目录, os.O_RDONLY)，os.fsync(fd)，os.close(fd)。",
+                "做法：folder = os.path.dirname(os.path.abspath(path))；"
+                "fd = os.open(folder, os.O_RDONLY); os.fsync(fd); os.close(fd)。",
                 "the folder was not fsync'ed after the rename: the rename is recorded in the folder, and without "
-                "an fsync of the folder it can be lost in a power cut. fd = os.open(folder, os.O_RDONLY); "
-                "os.fsync(fd); os.close(fd)."))
+                "an fsync of the folder it can be lost in a power cut. With "
+                "folder = os.path.dirname(os.path.abspath(path)): fd = os.open(folder, os.O_RDONLY); os.fsync(fd); "
+                "os.close(fd)."))
     return p
 
 
@@ -291,7 +293,7 @@ class Job:
     """The lab's training job, the same on every attempt. It owns nothing of the learner's logic:
 
     ``model`` (PyTorch's DDP around :func:`lab_model`; ``module`` is the unwrapped model),
-    ``optimizer`` (SGD, momentum 0.9), ``scheduler`` (StepLR, halving every 5 steps),
+    ``optimizer`` (SGD, momentum 0.9, weight decay 1e-3), ``scheduler`` (StepLR, halving every 5 steps),
     ``steps`` (12), ``ckpt_every`` (4), ``ckpt_dir`` (one folder shared by every attempt),
     ``rank``, ``world_size`` and :meth:`train_step`. Each rank's global torch generator is seeded
     with ``1000 + rank`` here, so that dropout differs between ranks, as it does in real training.
@@ -423,23 +425,23 @@ def _close(a: list, b: list) -> bool:
 _DROP_HINTS = {
     "optimizer": problem(
         "结果与“恢复时没有加载优化器状态”的训练一致：SGD 的动量缓冲区（momentum_buffer）从零重新开始了。"
-        "把 optimizer.state_dict() 存进检查点，恢复时 optimizer.load_state_dict(...)。",
+        "把 optimizer.state_dict() 存进检查点，恢复时调用 optimizer.load_state_dict(...)。",
         "the result matches a resume that did not load the optimizer's state: SGD's momentum buffers started "
         "again from zero. Save optimizer.state_dict() and call optimizer.load_state_dict(...) on resume."),
     "scheduler": problem(
-        "结果与“恢复时没有加载学习率调度器”的训练一致：StepLR 从头计数，学习率减半的时刻错了。"
+        "结果与“恢复时没有加载学习率调度器状态”的训练一致：StepLR 又从零开始计数，在错误的步数把学习率减半了。"
         "把 scheduler.state_dict() 也存进检查点并加载。",
         "the result matches a resume that did not load the LR scheduler: StepLR counted from zero again and "
         "halved the learning rate at the wrong step. Save and load scheduler.state_dict() too."),
     "rng": problem(
-        "结果与“恢复时没有恢复随机数生成器状态”的训练一致：dropout 的掩码和不中断的训练不同了。"
+        "结果与“恢复时没有还原随机数生成器状态”的训练一致：dropout 掩码和不中断的训练不一样了。"
         "每个 rank 都要保存并恢复自己的 torch.get_rng_state()。",
         "the result matches a resume that did not restore the random generators: the dropout masks differ "
-        "from the uninterrupted run's. Every rank must save and restore its own torch.get_rng_state()."),
+        "from the uninterrupted run's. Every rank must save its own torch.get_rng_state() and put it back with torch.set_rng_state()."),
     "rng_rank0": problem(
         "结果与“每个 rank 都加载了 rank 0 的随机数状态”的训练一致：rank 0 只保存了自己的生成器状态。"
-        "各 rank 的生成器状态各不相同（dropout 本来就该不同）：用 dist.all_gather_object 收集每个 rank 的状态一起保存，"
-        "恢复时各取第 rank 个（或者每个 rank 各写一个文件）。",
+        "各 rank 的生成器状态各不相同（各 rank 的 dropout 本来就该不同）：用 dist.all_gather_object 收集所有 rank 的状态一起保存，"
+        "恢复时每个 rank 取下标为 rank 的那一项（或者每个 rank 各写一个自己的文件）。",
         "the result matches a resume in which every rank loaded rank 0's generator state: rank 0 saved only "
         "its own. Each rank's generator is different (dropout must differ between ranks): gather every rank's "
         "state with dist.all_gather_object, save them all, and let each rank load entry [rank] (or let every "
@@ -463,13 +465,13 @@ def _check_resume(rt, result, module):
                         "steps.")]
     run = job.steps_run
     if run != list(range(run[0] if run else 0, STEPS)):
-        return [problem(f"最后一轮执行的步骤是 {run}：应当从恢复的那一步开始、按顺序一直跑到第 {STEPS - 1} 步，"
+        return [problem(f"最后一轮跑过的步是 {run}：应当从恢复的那一步开始，按顺序一直跑到第 {STEPS - 1} 步，"
                         "每步恰好一次。",
                         f"the final attempt ran steps {run}: it should run from the step it resumed at, in order, "
                         f"up to step {STEPS - 1}, each step once.")]
     if fault and run[0] == 0:
-        p.append(problem("重启之后训练从第 0 步从头开始了，没有从检查点恢复。结果虽然对，但大模型重跑一遍要花几天："
-                         "启动时找到最新的完整检查点并从它继续。",
+        p.append(problem("重启之后训练从第 0 步重新开始了，没有从检查点恢复。结果虽然对，但大模型重跑一遍要花好几天："
+                         "启动时应找到最新的完整检查点，从那里接着训练。",
                          "after the restart the training started over from step 0 instead of resuming from a "
                          "checkpoint. The result is right, but on a large model starting over costs days: find the "
                          "newest whole checkpoint at start-up and continue from it."))
@@ -480,7 +482,7 @@ def _check_resume(rt, result, module):
     want = simulate(rt.world_size)
     if not _close(got, want):
         diff = max(float((a - b).abs().max()) for a, b in zip(got, want)) if len(got) == len(want) else float("nan")
-        p.append(problem(f"最终参数与不中断训练的参数不同（最大差 {diff:.3g}），恢复后从第 {run[0] if run else '?'} 步继续。",
+        p.append(problem(f"最终参数与不中断训练的参数不同（最大差值 {diff:.3g}）；这次是从第 {run[0] if run else '?'} 步恢复的。",
                          f"the final parameters differ from the uninterrupted run's (max difference {diff:.3g}); the "
                          f"run resumed at step {run[0] if run else '?'}."))
         if run and run[0] > 0:
@@ -499,7 +501,7 @@ def _explain_resume(outcome: str, feedback: str, source: str) -> list:
                                               "UnpicklingError", "OSError", "RuntimeError"))
     if outcome == "crash" and in_save_kill and load_error:
         return [problem(
-            "重启后加载检查点失败，文件是残缺的：上一轮在写检查点时被杀掉了。要么写检查点不是原子的（直接写到了最终文件名上），"
+            "重启后加载检查点失败，文件是残缺的，因为上一轮在写它的时候被杀掉了。要么检查点的写入不是原子的（直接写到了最终文件名上），"
             "要么 latest_checkpoint 挑中了写了一半的临时文件。只把完整的文件改名成检查点的名字，找检查点时只认这个名字。",
             "after the restart a checkpoint failed to load: the file is torn, because the previous attempt was killed "
             "while writing it. Either the save is not atomic (it wrote straight onto the final name), or "
@@ -519,6 +521,6 @@ SCENARIOS = (
 register(Exercise(
     id="lab09.resume", lab=LAB, entry="train", filename="lab09_resume.py", timeout=60,
     title={"en": "2 · Survive a killed rank, end with the same parameters",
-           "zh": "2 · 挺过被杀的 rank，最终参数不变"},
+           "zh": "2 · 挺过被杀的 rank，最终参数分毫不差"},
     checks=[_check_resume], world_sizes=(2,), consistent_collectives=False, runs=SCENARIOS,
     setup=_setup, explain=_explain_resume))
