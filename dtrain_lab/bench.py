@@ -20,6 +20,14 @@ Rows (later lessons add theirs):
   recorded per-stage timelines) / ``(p-1)/(m+p-1)``; ``pipeline_activations``: peak activation bytes
   kept by the executor, 1F1B / GPipe per stage, against ``min(p-s, m)/m``.
 
+* ``restart_reliability``: clean resumes after one killed rank under ``torchrun --max-restarts 2``
+  (``dtrain_lab.demos.recovery_restart_probe``: the job finishes, right result, after exactly one
+  restart) out of N trials, for ``init_process_group`` as PyTorch does it, the same with
+  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, and ``dtrain_lab.runtime`` (a key prefix per attempt);
+  the modes alternate trial by trial. A race: counts, never times.
+
+``--only NAME[,NAME]`` runs some rows (launch, collectives, ddp, compression, zero, pipeline, restarts).
+
 Writes ``bench-results/bench.json`` and prints a table. CPU/gloo figures here say nothing about
 NCCL on GPUs.
 """
@@ -176,6 +184,38 @@ def pipeline_rows(nproc: int = 2, m: int = 4) -> tuple[dict, dict]:
     return bubble, acts
 
 
+RESTART_MODES = {
+    "plain": (["plain"], {}),
+    "plain + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1": (["plain"], {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}),
+    "dtrain_lab.runtime": (["runtime"], {}),
+}
+
+
+def restart_reliability(trials: int = 5, nproc: int = 2) -> dict:
+    """Clean resumes out of ``trials`` per mode (see the module docstring), modes alternating."""
+    counts = {m: {"clean": 0, "stale_keys_seen": 0, "outcomes": []} for m in RESTART_MODES}
+    for _ in range(trials):
+        for mode, (args, env) in RESTART_MODES.items():
+            r = launch("dtrain_lab.demos.recovery_restart_probe", nproc=nproc, args=args, max_restarts=2,
+                       timeout=60, quiet=True, env={"DTRAIN_PG_TIMEOUT": "10", **env})
+            ms = list(r.metrics.values())
+            clean = (r.ok and len(ms) == nproc and all(m.get("total") == float(nproc ** 4) for m in ms)
+                     and all(m.get("attempt") == 1 for m in ms))
+            c = counts[mode]
+            c["clean"] += int(clean)
+            c["stale_keys_seen"] += int(any(m.get("stale_keys") for m in ms))
+            if clean:
+                outcome = "clean"
+            elif r.hung or not r.ok:
+                outcome = "hang" if r.hung else "failed"
+            else:
+                outcome = "more restarts" if any(m.get("attempt") != 1 for m in ms) else "wrong result"
+            c["outcomes"].append(outcome)
+    base = counts["plain"]["clean"]
+    return {"name": "restart_reliability", "trials": trials, "nproc": nproc, "modes": counts,
+            "ratio": (counts["dtrain_lab.runtime"]["clean"] / base) if base else None}
+
+
 def table(rows: list[dict]) -> str:
     out = ["| row | value | detail |", "|---|---|---|"]
     for row in rows:
@@ -219,6 +259,10 @@ def table(rows: list[dict]) -> str:
                 out.append(f"| pipeline peak activations 1F1B / GPipe, stage {st['stage']} | {st['ratio']:.3f}× | "
                            f"{st['1f1b_bytes']} B vs {st['gpipe_bytes']} B; min(p-s, m)/m = {st['formula']:.3f}, "
                            f"m={row['m']} |")
+        elif row["name"] == "restart_reliability":
+            for mode, c in row["modes"].items():
+                out.append(f"| clean resumes after a killed rank: {mode} | {c['clean']}/{row['trials']} | "
+                           f"old keys seen in {c['stale_keys_seen']}; {', '.join(c['outcomes'])} |")
         elif row["name"] == "busbw":
             for p in row["points"]:
                 out.append(f"| busbw all_reduce {human_bytes(p['bytes'])} | {p['busbw_MBps']:.3g} MB/s | "
@@ -230,17 +274,36 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dtrain_lab.bench")
     ap.add_argument("--quick", action="store_true", help="fewer repeats and smaller messages")
     ap.add_argument("--out", default="bench-results", help="folder for bench.json")
+    ap.add_argument("--only", default="", help="comma-separated: launch, collectives, ddp, compression, zero, "
+                                               "pipeline, restarts (default: all)")
     args = ap.parse_args(argv)
     repeats = 2 if args.quick else 5
     max_bytes = (1 << 20) if args.quick else (16 << 20)
-    rows = [launch_overhead(repeats)]
-    rows.extend(collectives(max_bytes))
-    from .ddp import bench_ddp
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    known = {"launch", "collectives", "ddp", "compression", "zero", "pipeline", "restarts"}
+    if only - known:
+        ap.error(f"unknown rows / 未知的测试项: {', '.join(sorted(only - known))} (known / 可选: {', '.join(sorted(known))})")
 
-    rows.append(bench_ddp(repeats=2 if args.quick else 5))
-    rows.append(compression(steps=100 if args.quick else 200))
-    rows.append(zero_memory_row())
-    rows.extend(pipeline_rows())
+    def want(name: str) -> bool:
+        return not only or name in only
+
+    rows = []
+    if want("launch"):
+        rows.append(launch_overhead(repeats))
+    if want("collectives"):
+        rows.extend(collectives(max_bytes))
+    if want("ddp"):
+        from .ddp import bench_ddp
+
+        rows.append(bench_ddp(repeats=2 if args.quick else 5))
+    if want("compression"):
+        rows.append(compression(steps=100 if args.quick else 200))
+    if want("zero"):
+        rows.append(zero_memory_row())
+    if want("pipeline"):
+        rows.extend(pipeline_rows())
+    if want("restarts"):
+        rows.append(restart_reliability(trials=3 if args.quick else 10))
     meta = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:

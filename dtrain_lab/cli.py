@@ -7,7 +7,7 @@
     dtrain-lab grade --list | --json | --gradescope results.json
     dtrain-lab nccl lint [--file .env] | nccl doctor # NCCL/PyTorch variables; this machine's set-up
     dtrain-lab doctor [--json]                       # the same as ``nccl doctor``
-    dtrain-lab bench [--quick]                       # benchmarks (ratios against references)
+    dtrain-lab bench [--quick] [--only ROWS]         # benchmarks (ratios against references)
     dtrain-lab cluster slurm|trainjob|pytorchjob|job --name N --nnodes K -m MODULE [-o FILE]
 """
 from __future__ import annotations
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("nccl", help="nccl lint | nccl doctor: check NCCL/PyTorch env vars and this machine")
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("--quick", action="store_true")
+    bench.add_argument("--only", default="", help="rows: launch, collectives, ddp, compression, zero, pipeline, restarts")
     sub.add_parser("doctor", help="inspect this machine for distributed training (= nccl doctor)")
     sub.add_parser("cluster", help="write a SLURM/Kubernetes multi-node job file (dtrain-lab cluster --help)")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "bench":
             from .bench import main as bench_main
 
-            return bench_main(["--quick"] if args.quick else [])
+            return bench_main((["--quick"] if args.quick else []) + (["--only", args.only] if args.only else []))
     except i18n.LabError as e:  # a clear message, no traceback wall
         print(str(e), file=sys.stderr)
         return 2

@@ -15,29 +15,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT
-from dtrain_lab import authoring
+from conftest import ROOT, lab_programs
 from dtrain_lab.ddp import MB, DDP
 from dtrain_lab.grading import grade, grade_notebook, lab02, lab04, registry, submissions_in_notebook
 
-SOURCES = {"lab02": ROOT / "solutions" / "_source" / "lab_02_ddp.md",
-           "lab04": ROOT / "solutions" / "_source" / "lab_04_compression.md"}
 WRONG = ROOT / "tests" / "submissions"
 HAN = r"[\u4e00-\u9fff]"
 
 
-def programs(lab: str) -> dict:
-    """``{exercise id: {"solution": code, "learner": code}}`` from the lab's %%writefile cells."""
-    out = {}
-    for cell in authoring.parse(SOURCES[lab].read_text(encoding="utf-8")):
-        text = cell.text.get("*", "")
-        if cell.kind == "code" and text.startswith(f"%%writefile {lab}_"):
-            first, _, body = text.partition("\n")
-            out[f"{lab}.{first.split()[1][len(lab) + 1:-len('.py')]}"] = authoring.blocks(body)
-    return out
 
 
-PROGRAMS = {**programs("lab02"), **programs("lab04")}
+PROGRAMS = {**lab_programs("lab02", "lab_02_ddp.md"), **lab_programs("lab04", "lab_04_compression.md")}
 EXERCISES = sorted(e.id for e in registry.all_exercises() if e.lab in ("lab_02", "lab_04"))
 
 # one plausible wrong answer per exercise, the language its feedback is read in, and what it must say

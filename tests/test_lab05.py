@@ -16,27 +16,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT
-from dtrain_lab import authoring
+from conftest import ROOT, lab_programs
 from dtrain_lab.grading import grade, grade_notebook, lab05, registry, submissions_in_notebook
 
-SOURCE = ROOT / "solutions" / "_source" / "lab_05_zero.md"
 WRONG = ROOT / "tests" / "submissions" / "lab05"
 HAN = r"[\u4e00-\u9fff]"
 
 
-def programs() -> dict:
-    """``{exercise id: {"solution": code, "learner": code}}`` from the lab's %%writefile cells."""
-    out = {}
-    for cell in authoring.parse(SOURCE.read_text(encoding="utf-8")):
-        text = cell.text.get("*", "")
-        if cell.kind == "code" and text.startswith("%%writefile lab05_"):
-            first, _, body = text.partition("\n")
-            out["lab05." + first.split()[1][len("lab05_"):-len(".py")]] = authoring.blocks(body)
-    return out
 
 
-PROGRAMS = programs()
+PROGRAMS = lab_programs("lab05", "lab_05_zero.md")
 EXERCISES = sorted(e.id for e in registry.all_exercises() if e.lab == "lab_05")
 
 # wrong answers graded by launching: (exercise, language, outcome, phrases the feedback must hold)

@@ -14,26 +14,16 @@ import re
 import pytest
 import torch
 
-from conftest import ROOT
-from dtrain_lab import authoring
+from conftest import ROOT, lab_programs
 from dtrain_lab.grading import grade, grade_notebook, lab09, registry, submissions_in_notebook
 
-SOURCE = ROOT / "solutions" / "_source" / "lab_09_recovery.md"
 WRONG = ROOT / "tests" / "submissions" / "lab09"
 HAN = r"[\u4e00-\u9fff]"
 
 
-def programs() -> dict:
-    out = {}
-    for cell in authoring.parse(SOURCE.read_text(encoding="utf-8")):
-        text = cell.text.get("*", "")
-        if cell.kind == "code" and text.startswith("%%writefile lab09_"):
-            first, _, body = text.partition("\n")
-            out["lab09." + first.split()[1][len("lab09_"):-len(".py")]] = authoring.blocks(body)
-    return out
 
 
-PROGRAMS = programs()
+PROGRAMS = lab_programs("lab09", "lab_09_recovery.md")
 EXERCISES = sorted(e.id for e in registry.all_exercises() if e.lab == "lab_09")
 
 
