@@ -342,7 +342,7 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
         "PYTHONUNBUFFERED": "1",
         "DTRAIN_JOB_DIR": str(job_dir),
         _procs.JOB_ENV: job_id,
-        "DTRAIN_LANG": get_lang(),
+        "DTRAIN_LANG": str((env or {}).get("DTRAIN_LANG") or get_lang()),   # env= may choose the ranks' language
     })
     if backend:
         child_env["DTRAIN_BACKEND"] = backend
