@@ -40,12 +40,10 @@ def _run(args) -> int:
     from .launch import launch
 
     extra = list(args.program_args)
-    if extra and extra[0] == "--":
-        extra = extra[1:]
     r = launch(args.target, nproc=args.nproc, args=extra, timeout=args.timeout,
                startup_timeout=args.startup_timeout, backend=args.backend, debug=args.debug,
                nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-               max_restarts=args.max_restarts)
+               rdzv_id=args.rdzv_id, max_restarts=args.max_restarts)
     return 0 if r.ok else (124 if r.hung else (r.returncode or 1))
 
 
@@ -64,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--nnodes", type=int, default=1)
     run.add_argument("--node-rank", type=int, default=0)
     run.add_argument("--rdzv-endpoint")
+    run.add_argument("--rdzv-id", help="job id shared by all nodes (default: dtrain)")
     run.add_argument("--max-restarts", type=int, default=0)
-    run.add_argument("program_args", nargs=argparse.REMAINDER)
+    # the program's own arguments come after "--" (split off before parsing, so that options may
+    # follow the target: ``dtrain-lab run train.py -n 2 -- --lr 0.1``)
     sub.add_parser("grade", help="grade exercises / 评分 (dtrain-lab grade --help)")
     sub.add_parser("nccl", help="nccl lint | nccl doctor: check NCCL/PyTorch env vars and this machine")
     bench = sub.add_parser("bench", help="benchmarks")
@@ -111,7 +111,16 @@ def main(argv: list[str] | None = None) -> int:
         except i18n.LabError as e:
             print(str(e), file=sys.stderr)
             return 2
-    args = ap.parse_args(argv)
+    program_args: list[str] = []
+    if "run" in argv[:3] and "--" in argv:
+        argv, program_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    args, unknown = ap.parse_known_args(argv)
+    if unknown:
+        if args.cmd == "run":
+            print(i18n.both("cli_run_extra", extra=" ".join(unknown)), file=sys.stderr)
+            return 2
+        ap.parse_args(argv)  # argparse's own error (exits 2)
+    args.program_args = program_args
     if args.lang:
         i18n.set_lang(args.lang)
     try:

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .i18n import LabError
+from .i18n import LabError, tr
 
 
 @dataclass
@@ -78,17 +78,22 @@ class HeteroPlan:
         """Estimated compute time of one step: the slowest rank's (the others wait for it)."""
         return max(r.seconds for r in self.ranks)
 
+    @property
     def even_step_seconds(self) -> float:
         """The same estimate with an even split (what a plain DistributedSampler does)."""
         n = len(self.ranks)
         shares = _largest_remainder(self.global_batch, [1.0] * n)
         return max(s / r.throughput for s, r in zip(shares, self.ranks))
 
-    def table(self) -> str:
-        rows = ["rank  samples  micro×accum  share   est. s"]
+    def table(self, lang: str | None = None) -> str:
+        """Each rank's share, micro-batch × accumulation steps and estimated seconds, then the step
+        time of this split against an even one, in the learner's language."""
+        rows = [tr("het_table_head", lang)]
         for r in self.ranks:
             rows.append(f"{r.rank:>4}  {r.samples:>7}  {r.micro_batch:>5}×{r.accum_steps:<5}  "
                         f"{r.samples / self.global_batch:>5.1%}  {r.seconds:.3g}")
+        planned, even = self.step_seconds, self.even_step_seconds
+        rows.append(tr("het_table_foot", lang, planned=planned, even=even, ratio=even / planned))
         return "\n".join(rows)
 
 

@@ -174,9 +174,15 @@ def get_lang() -> str:
 
 
 def tr(key: str, lang: str | None = None, **fields) -> str:
-    """The message ``key`` in ``lang`` (default: the current language), formatted with ``fields``."""
+    """The message ``key`` in ``lang`` (default: the current language), formatted with ``fields``.
+
+    A field that is itself a :class:`LabError` (e.g. the reason a checkpoint was skipped) is
+    rendered in the same language, so each half of a bilingual message stays in one language.
+    """
+    lang = lang or _lang
     entry = MESSAGES[key]
-    return entry[lang or _lang].format(**fields)
+    fields = {k: v.message(lang) if isinstance(v, LabError) else v for k, v in fields.items()}
+    return entry[lang].format(**fields)
 
 
 def both(key: str, **fields) -> str:
@@ -197,6 +203,13 @@ class LabError(ValueError):
 
     def message(self, lang: str | None = None) -> str:
         return tr(self.key, lang, **self.fields)
+
+MESSAGES["cli_run_extra"] = {
+    "en": "dtrain-lab run: unknown options {extra!r}. Options of your own program go after \"--\": "
+          "dtrain-lab run train.py -n 2 -- {extra}",
+    "zh": "dtrain-lab run：不认识的选项 {extra!r}。你自己程序的参数要写在 \"--\" 之后："
+          "dtrain-lab run train.py -n 2 -- {extra}",
+}
 
 MESSAGES["unknown_exercise"] = {
     "en": "No exercise {id!r}. Known exercises: {known}.",
@@ -795,6 +808,14 @@ MESSAGES.update({
     "het_too_small": {
         "en": "global_batch={value} is smaller than the number of ranks ({n}): every rank needs at least one sample.",
         "zh": "global_batch={value} 小于 rank 数（{n}）：每个 rank 至少要分到一个样本。",
+    },
+    "het_table_head": {
+        "en": "rank  samples  micro×accum  share   est. s",
+        "zh": "rank   样本数  micro×累积    占比   估计秒数",
+    },
+    "het_table_foot": {
+        "en": "step time (slowest rank): planned split {planned:.3g} s | even split {even:.3g} s ({ratio:.2f}×)",
+        "zh": "每步耗时（由最慢的 rank 决定）：按吞吐量切分 {planned:.3g} s | 平均切分 {even:.3g} s（{ratio:.2f}×）",
     },
     "het_bad_counts": {
         "en": "Sample counts must be integers ≥ 0 with a positive total, got {value!r}.",

@@ -229,7 +229,7 @@ def latest(directory: str | os.PathLike, *, warn: bool = True) -> Path | None:
             return path
         except CheckpointError as exc:
             if warn:
-                _warn("rec_skip_bad", path=str(path), reason=exc.message())
+                _warn("rec_skip_bad", path=str(path), reason=exc)
     return None
 
 
@@ -351,7 +351,7 @@ def dcp_latest(root: str | os.PathLike, *, warn: bool = True) -> Path | None:
             return p
         except CheckpointError as exc:
             if warn:
-                _warn("rec_skip_bad", path=str(p), reason=exc.message())
+                _warn("rec_skip_bad", path=str(p), reason=exc)
     return None
 
 

@@ -240,3 +240,38 @@ def test_command_line(tmp_path, capsys):
     assert rc == 2
     assert "nnodes" in capsys.readouterr().err
     assert os.path.exists(out)
+
+
+def test_run_passes_multinode_arguments(monkeypatch):
+    """`dtrain-lab run` hands every multi-node argument, the rendezvous id included, to launch()."""
+    import importlib
+
+    from dtrain_lab.cli import main as cli_main
+
+    launch_mod = importlib.import_module("dtrain_lab.launch")  # the package re-exports launch() itself
+
+    seen = {}
+
+    class Result:
+        ok, hung, returncode = True, False, 0
+
+    def fake_launch(target, **kw):
+        seen.update(kw, target=target)
+        return Result()
+
+    monkeypatch.setattr(launch_mod, "launch", fake_launch)
+    rc = cli_main(["run", "dtrain_lab.demos.multinode_check", "-n", "2", "--nnodes", "2", "--node-rank", "1",
+                   "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "job42", "--max-restarts", "1",
+                   "--", "--steps", "3"])
+    assert rc == 0
+    assert seen["target"] == "dtrain_lab.demos.multinode_check"
+    assert (seen["nproc"], seen["nnodes"], seen["node_rank"]) == (2, 2, 1)
+    assert (seen["rdzv_endpoint"], seen["rdzv_id"], seen["max_restarts"]) == ("10.0.0.1:29400", "job42", 1)
+    assert seen["args"] == ["--steps", "3"]
+    # options may follow the target; the program's own ones go after "--", others get a clear message
+    seen.clear()
+    assert cli_main(["run", "train.py", "-n", "2", "--timeout", "30"]) == 0
+    assert (seen["target"], seen["nproc"], seen["timeout"], seen["args"]) == ("train.py", 2, 30.0, [])
+    seen.clear()
+    assert cli_main(["run", "train.py", "-n", "2", "--lr", "3"]) == 2
+    assert seen == {}

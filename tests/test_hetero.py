@@ -58,8 +58,9 @@ def test_plan_proportional_to_throughput():
     assert p.weights == [24 / 64, 24 / 64, 8 / 64, 8 / 64]
     # the uneven split finishes sooner than an even one (the slow ranks no longer set the pace)
     assert p.step_seconds == pytest.approx(24 / 300)
-    assert p.even_step_seconds() == pytest.approx(16 / 100)
-    assert "micro" in p.table()
+    assert p.even_step_seconds == pytest.approx(16 / 100)
+    assert "micro" in p.table("en") and "0.08 s" in p.table("en") and "(2.00×)" in p.table("en")
+    assert "平均切分 0.16 s" in p.table("zh")
 
 
 @pytest.mark.parametrize("global_batch,tp,mm", [

@@ -6,6 +6,7 @@ Elastic restarts are in tests/test_elastic.py.
 """
 import json
 import random
+import re
 import shutil
 import time
 import uuid
@@ -51,8 +52,22 @@ def test_latest_skips_damaged_newest(tmp_path, damage):
            "flip_byte": data[:100] + bytes([data[100] ^ 0xFF]) + data[101:],
            "append": data + b"\0"}[damage]
     bad.write_bytes(new)
-    with pytest.warns(RuntimeWarning, match="step_00000003.pt"):
-        assert recovery.latest(tmp_path) == good
+    from dtrain_lab import i18n
+
+    before = i18n.get_lang()
+    try:
+        for lang in ("zh", "en"):
+            i18n.set_lang(lang)
+            with pytest.warns(RuntimeWarning, match="step_00000003.pt") as record:
+                assert recovery.latest(tmp_path) == good
+            # each half of the bilingual warning is in one language, the reason included
+            first, second = str(record[0].message).split("\n")
+            zh, en = (first, second) if lang == "zh" else (second, first)
+            assert en.startswith("Skipping") and not re.search(r"[\u4e00-\u9fff]", en)
+            reason_zh = zh[zh.index("（") + 1: zh.rindex("），")]
+            assert zh.startswith("跳过") and re.search(r"[\u4e00-\u9fff]", reason_zh), zh
+    finally:
+        i18n.set_lang(before)
     with pytest.raises(recovery.CheckpointError):
         recovery.load(bad)
     assert torch.equal(recovery.load(good)["w"], _state(2)["w"])
