@@ -186,24 +186,6 @@ def _alive(p) -> bool:
         return False
 
 
-def _read_jsonl(path: str) -> list[dict]:
-    import json
-
-    items = []
-    try:
-        with open(path, errors="replace") as f:
-            for line in f:
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(item, dict):
-                    items.append(item)
-    except OSError:
-        pass
-    return items
-
-
 def _node_ranks(job_dir: str) -> list[int]:
     """The global ranks whose workers started in this launch (``started.<RANK>.<attempt>`` markers
     written by the injected sitecustomize, named with the RANK torchrun gave the worker)."""
@@ -219,6 +201,8 @@ def _remap(result, nproc: int, requested_rank: int) -> tuple[int | None, list[in
     """Rank results of one node launch renumbered with the ranks its workers really had."""
     import json
 
+    from .launch import read_jsonl
+
     true_ranks = _node_ranks(result.log_dir)
     guessed_base = requested_rank * nproc
     true_base = (min(true_ranks) // nproc) * nproc if true_ranks else guessed_base
@@ -229,7 +213,7 @@ def _remap(result, nproc: int, requested_rank: int) -> tuple[int | None, list[in
         rank = true_base + (rr.rank - first)      # launch() already renumbers; older results did not
         new = dataclasses.replace(rr, rank=rank, metrics={}, reports=[])
         for path in sorted(Path(result.log_dir).glob(f"report.{rank}.*.jsonl")):
-            for item in _read_jsonl(str(path)):
+            for item in read_jsonl(str(path)):
                 new.reports.append(item)
                 new.metrics.update(item)
         err = sorted(Path(result.log_dir).glob(f"error.{rank}.*.json"))

@@ -51,6 +51,24 @@ DEFAULT_STARTUP_TIMEOUT_S = 120.0
 MAX_LINE_CHARS = 4000
 
 
+def read_jsonl(path: str) -> list[dict]:
+    """The JSON objects of a rank's report file, one a line; a line cut off by a killed rank (or not
+    an object) is skipped, a missing file gives ``[]``."""
+    items = []
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(item, dict):
+                    items.append(item)
+    except OSError:
+        pass
+    return items
+
+
 def gathered(ranks: Sequence["RankResult"], key: str) -> list:
     """``r.metrics[key]`` for each of ``ranks`` in order; a KeyError names the rank that lacks it."""
     out = []
@@ -461,15 +479,9 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
 
     for rr in ranks.values():
         for path in sorted(glob.glob(str(job_dir / f"report.{rr.rank}.*.jsonl"))):
-            with open(path, errors="replace") as f:
-                for line in f:
-                    try:
-                        item = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
-                    if isinstance(item, dict):
-                        rr.reports.append(item)
-                        rr.metrics.update(item)
+            for item in read_jsonl(path):
+                rr.reports.append(item)
+                rr.metrics.update(item)
 
     errors = []
     for path in glob.glob(str(job_dir / "error.*.json")):

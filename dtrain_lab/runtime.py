@@ -324,6 +324,16 @@ def entrypoint(main: Callable[[], Any], **init_kwargs) -> None:
 
 
 # ------------------------------------------------------------------------------------ seeding
+def parse_value(text: str):
+    """``"3"`` -> 3, ``"0.1"`` -> 0.1, anything else unchanged: for ``key=value`` program arguments."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
 def seed_all(seed: int) -> None:
     """Seed Python, NumPy and torch identically: same on every rank -> same model initialisation."""
     import torch

@@ -149,3 +149,12 @@ def test_bad_arguments_get_bilingual_errors():
         dtrain_lab.launch("dtrain_lab.demos.hello", timeout=-1)
     with pytest.raises(LabError):
         dtrain_lab.launch("dtrain_lab.demos.hello", nnodes=2)
+
+
+def test_read_jsonl_skips_a_line_cut_off_by_a_kill(tmp_path):
+    from dtrain_lab.launch import read_jsonl
+
+    f = tmp_path / "report.0.0.jsonl"
+    f.write_text('{"loss": 1.5}\n[1, 2]\nnot json\n{"step": 3, "loss": 0.5}\n{"step": 4, "lo')
+    assert read_jsonl(str(f)) == [{"loss": 1.5}, {"step": 3, "loss": 0.5}]
+    assert read_jsonl(str(tmp_path / "missing.jsonl")) == []

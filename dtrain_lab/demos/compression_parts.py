@@ -145,13 +145,7 @@ def torch_powersgd_buckets(steps: int = 40, bucket_cap_mb: float = 0.01) -> dict
 PARTS = {f.__name__: f for f in (topk_by_hand, indices_wrong, powersgd_vs_torch, torch_powersgd_buckets)}
 
 
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
+_value = runtime.parse_value
 
 
 def main() -> None:

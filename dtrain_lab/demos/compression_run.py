@@ -20,13 +20,7 @@ from dtrain_lab.compression import train_with_compression
 DEFAULT_METHODS = "none,fp16,topk,topk_noef,powersgd"
 
 
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
+_value = runtime.parse_value
 
 
 def parse(argv: list[str]) -> tuple[list[str], int, dict]:

@@ -41,13 +41,7 @@ from dtrain_lab import runtime
 from dtrain_lab.i18n import LabError
 
 
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
+_value = runtime.parse_value
 
 
 def parse(argv: list[str]) -> dict:
