@@ -121,7 +121,14 @@ def _driver(tag):
 def test_interrupt_kills_every_rank(tag):
     proc = _driver(tag)
     proc.send_signal(signal.SIGINT)  # what Jupyter's stop button sends to the kernel
-    out, _ = proc.communicate(timeout=30)
+    try:
+        out, _ = proc.communicate(timeout=45)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # the driver prints every thread's stack
+        time.sleep(1)
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail("the driver did not stop 45 s after SIGINT:\n" + out.decode(errors="replace")[-6000:])
     assert proc.returncode == 130 and b"DRIVER-INTERRUPTED" in out
     assert_no_survivors(tag)
 

@@ -16,6 +16,13 @@ import torch.nn as nn
 
 from dtrain_lab import runtime
 
+# DDP's constructor imports torch._dynamo (2 s on an idle CPU core, far more on a busy one). The
+# launcher's timeout clock starts when the process group is up, so a hang demo with a short limit
+# would spend it importing, and be killed before it reaches the hang it shows. Importing here,
+# before runtime.init(), moves that cost into start-up, which has its own limit.
+if sys.argv[1:2] and sys.argv[1] in ("unused_parameters", "uneven_inputs", "ddp_under_detail"):
+    import torch._dynamo  # noqa: F401
+
 
 def mismatched_ops(fix: bool = False):
     """Rank 0 all-reduces, the other ranks broadcast: two different collectives, same tensor size."""

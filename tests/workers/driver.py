@@ -1,7 +1,11 @@
 """A stand-in for a notebook kernel: launches a job that sleeps, to be interrupted or killed."""
+import faulthandler
+import signal
 import sys
 
 import dtrain_lab
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for our stack if we are stuck
 
 tag = sys.argv[1]
 try:
