@@ -6,6 +6,10 @@ import sys
 import dtrain_lab
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for our stack if we are stuck
+# A kernel turns SIGINT into KeyboardInterrupt. Python does so only if SIGINT was not ignored when it
+# started, and a test run started in the background (`cmd &` in a script) inherits SIGINT ignored:
+# install the handler explicitly, as a Jupyter kernel does.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 tag = sys.argv[1]
 try:
