@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     program_args: list[str] = []
     if "run" in argv[:3] and "--" in argv:
-        argv, program_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+        cut = argv.index("--")
+        argv, program_args = argv[:cut], argv[cut + 1:]
     args, unknown = ap.parse_known_args(argv)
     if unknown:
         if args.cmd == "run":

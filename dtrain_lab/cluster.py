@@ -201,7 +201,7 @@ def _remap(result, nproc: int, requested_rank: int) -> tuple[int | None, list[in
     """Rank results of one node launch renumbered with the ranks its workers really had."""
     import json
 
-    from .launch import read_jsonl
+    from .launch import load_reports
 
     true_ranks = _node_ranks(result.log_dir)
     guessed_base = requested_rank * nproc
@@ -212,10 +212,7 @@ def _remap(result, nproc: int, requested_rank: int) -> tuple[int | None, list[in
     for rr in result.ranks:
         rank = true_base + (rr.rank - first)      # launch() already renumbers; older results did not
         new = dataclasses.replace(rr, rank=rank, metrics={}, reports=[])
-        for path in sorted(Path(result.log_dir).glob(f"report.{rank}.*.jsonl")):
-            for item in read_jsonl(str(path)):
-                new.reports.append(item)
-                new.metrics.update(item)
+        load_reports(new, result.log_dir)
         err = sorted(Path(result.log_dir).glob(f"error.{rank}.*.json"))
         if err:
             try:

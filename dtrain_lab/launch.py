@@ -69,6 +69,15 @@ def read_jsonl(path: str) -> list[dict]:
     return items
 
 
+def load_reports(rr: "RankResult", job_dir: str | os.PathLike) -> None:
+    """Append to ``rr.reports`` (and merge into ``rr.metrics``) what rank ``rr.rank`` reported in
+    ``job_dir``, every restart attempt's file in order."""
+    for path in sorted(glob.glob(os.path.join(str(job_dir), f"report.{rr.rank}.*.jsonl"))):
+        for item in read_jsonl(path):
+            rr.reports.append(item)
+            rr.metrics.update(item)
+
+
 def gathered(ranks: Sequence["RankResult"], key: str) -> list:
     """``r.metrics[key]`` for each of ``ranks`` in order; a KeyError names the rank that lacks it."""
     out = []
@@ -478,10 +487,7 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
         ready_wall = first_ready()
 
     for rr in ranks.values():
-        for path in sorted(glob.glob(str(job_dir / f"report.{rr.rank}.*.jsonl"))):
-            for item in read_jsonl(path):
-                rr.reports.append(item)
-                rr.metrics.update(item)
+        load_reports(rr, job_dir)
 
     errors = []
     for path in glob.glob(str(job_dir / "error.*.json")):

@@ -145,9 +145,6 @@ def torch_powersgd_buckets(steps: int = 40, bucket_cap_mb: float = 0.01) -> dict
 PARTS = {f.__name__: f for f in (topk_by_hand, indices_wrong, powersgd_vs_torch, torch_powersgd_buckets)}
 
 
-_value = runtime.parse_value
-
-
 def main() -> None:
     if not torch.cuda.is_available():
         torch.set_num_threads(1)                  # CPU ranks share the machine's cores
@@ -156,7 +153,7 @@ def main() -> None:
     for name in names:
         fn = PARTS[name]
         accepted = inspect.signature(fn).parameters
-        result = fn(**{k: _value(v) for k, v in kwargs.items() if k in accepted})
+        result = fn(**{k: runtime.parse_value(v) for k, v in kwargs.items() if k in accepted})
         runtime.report(**{name: result})
 
 

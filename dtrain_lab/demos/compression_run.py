@@ -20,16 +20,13 @@ from dtrain_lab.compression import train_with_compression
 DEFAULT_METHODS = "none,fp16,topk,topk_noef,powersgd"
 
 
-_value = runtime.parse_value
-
-
 def parse(argv: list[str]) -> tuple[list[str], int, dict]:
     methods = (argv[0] if argv else DEFAULT_METHODS).split(",")
     steps = int(argv[1]) if len(argv) > 1 else 200
     kwargs = {}
     for item in argv[2:]:
         key, _, value = item.partition("=")
-        kwargs[key] = _value(value)
+        kwargs[key] = runtime.parse_value(value)
     return methods, steps, kwargs
 
 

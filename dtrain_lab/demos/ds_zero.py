@@ -41,9 +41,6 @@ from dtrain_lab import runtime
 from dtrain_lab.i18n import LabError
 
 
-_value = runtime.parse_value
-
-
 def parse(argv: list[str]) -> dict:
     opts = {"stages": "0,1,2,3", "steps": 8, "seed": 0, "lr": 0.01, "micro": 8, "accum": 1, "d_hidden": 32,
             "optimizer": "adam", "precision": "fp32", "ckpt": "2,3", "probe": 1, "bf16": "0,1,2,3",
@@ -52,7 +49,7 @@ def parse(argv: list[str]) -> dict:
         key, _, value = item.partition("=")
         if key not in opts:
             raise SystemExit(f"unknown option {key!r}; known: {', '.join(opts)}")
-        opts[key] = _value(value) if key not in ("stages", "ckpt", "bf16") else value
+        opts[key] = runtime.parse_value(value) if key not in ("stages", "ckpt", "bf16") else value
     for key in ("stages", "ckpt", "bf16"):
         opts[key] = [int(s) for s in str(opts[key]).split(",") if s != ""]
     return opts
