@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
 	@$(PY) -c 'import torch, dtrain_lab; assert torch.__version__.startswith("2.13.0"), torch.__version__'
 	@echo "compiling DeepSpeed's small CPU op once (g++, about a minute; cached in .torch_extensions/)"
-	@$(PY) -m dtrain_lab.deepspeed_lab --warm || echo "(DeepSpeed op not compiled: lesson 06 runs without it, see python -m dtrain_lab.deepspeed_lab --probe)"
+	@$(PY) -m dtrain_lab.parallel.deepspeed_lab --warm || echo "(DeepSpeed op not compiled: lesson 06 runs without it, see python -m dtrain_lab.parallel.deepspeed_lab --probe)"
 	@touch $(STAMP)
 
 # root (containers, some cloud VMs) must opt in explicitly, or JupyterLab refuses to start

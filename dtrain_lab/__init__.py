@@ -2,16 +2,65 @@
 
 ``import dtrain_lab`` is cheap (no torch import): the notebook's setup cell and the launcher stay
 fast, and torch is imported by the modules that need it.
+
+The library is layered; arrows point only downward (a test checks it from the AST):
+
+=============== ================================================================================
+course          ``cli`` · ``viz`` · ``bench`` · ``demos/`` (launch targets) · ``grading/`` · ``authoring``
+jobs            ``jobs/``: ``launch`` · ``runtime`` · ``cluster`` · ``diagnose`` · ``monitor``
+technique       ``parallel/`` (ddp, zero, fsdp, tensor, model, pipeline, accum, amp, compression,
+                actckpt, hetero, dims, deepspeed_lab) · ``resilience/`` · ``nccl/``
+base            ``comm/`` (group helpers, counted and from-scratch collectives) · ``models`` ·
+                ``data`` · ``perfmodel`` · ``i18n``
+=============== ================================================================================
+
+Technique and base code take a process group and run as plain code at world size 1; they never
+import the jobs or course layers. Whatever trains, times or launches is a demo or a bench.
 """
-from .i18n import LabError, get_lang, set_lang
-from .launch import LaunchResult, launch
+from __future__ import annotations
+
+import importlib
+
+from dtrain_lab.i18n import LabError, get_lang, set_lang
+from dtrain_lab.jobs.launch import LaunchResult, launch
 
 __version__ = "0.1.0"
 __all__ = ["launch", "LaunchResult", "set_lang", "get_lang", "LabError", "show", "__version__"]
 
+# The flat names of the first version, kept for learners' own notebooks: ``from dtrain_lab import zero``
+# still works. The course itself imports the layered paths.
+_MOVED = {
+    "collectives": "dtrain_lab.comm.collectives",
+    "ddp": "dtrain_lab.parallel.ddp",
+    "zero": "dtrain_lab.parallel.zero",
+    "fsdp": "dtrain_lab.parallel.fsdp",
+    "tensor_parallel": "dtrain_lab.parallel.tensor",
+    "model_parallel": "dtrain_lab.parallel.model",
+    "pipeline": "dtrain_lab.parallel.pipeline",
+    "accum": "dtrain_lab.parallel.accum",
+    "amp": "dtrain_lab.parallel.amp",
+    "compression": "dtrain_lab.parallel.compression",
+    "actckpt": "dtrain_lab.parallel.actckpt",
+    "hetero": "dtrain_lab.parallel.hetero",
+    "parallel_dims": "dtrain_lab.parallel.dims",
+    "deepspeed_lab": "dtrain_lab.parallel.deepspeed_lab",
+    "recovery": "dtrain_lab.resilience",
+    "nccl_vars": "dtrain_lab.nccl.vars",
+    "runtime": "dtrain_lab.jobs.runtime",
+    "cluster": "dtrain_lab.jobs.cluster",
+    "monitor": "dtrain_lab.jobs.monitor",
+    "debug": "dtrain_lab.jobs.diagnose",
+}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        return importlib.import_module(_MOVED[name])
+    raise AttributeError(f"module 'dtrain_lab' has no attribute {name!r}")
+
 
 def show(obj) -> None:
     """Show the source of a library object with syntax colouring (used by the lessons)."""
-    from .viz import show as _show
+    from dtrain_lab.viz import show as _show
 
     _show(obj)

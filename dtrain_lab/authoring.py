@@ -20,6 +20,7 @@ outputs nbval compares, dropping what a run measures (cells marked ``# NBVAL_IGN
 images): a learner never opens a number measured on someone else's machine.
 
     python -m dtrain_lab.authoring build            # regenerate notebooks (no execution)
+    python -m dtrain_lab.authoring build --keep-outputs   # ... keeping each code cell's stored output
     python -m dtrain_lab.authoring execute [NAMES]  # regenerate, execute, store reference outputs
 """
 from __future__ import annotations
@@ -200,6 +201,23 @@ def execute(nb, cwd: Path, timeout: int = 900):
     return nb
 
 
+def carry_outputs(nb, path: Path) -> None:
+    """Give each code cell of ``nb`` the outputs stored for the same cell id in the notebook at ``path``.
+
+    For edits that do not change what a cell prints (an import path, a comment); nbval re-runs every
+    notebook in ``make test`` and fails on any output that no longer matches.
+    """
+    import nbformat
+
+    if not path.exists():
+        return
+    old = {c.get("id"): c for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code"}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.get("id") in old:
+            cell.outputs = old[cell["id"]].get("outputs", [])
+            cell.execution_count = old[cell["id"]].get("execution_count")
+
+
 def write(nb, path: Path) -> None:
     import nbformat
 
@@ -212,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("command", choices=["build", "execute"])
     ap.add_argument("names", nargs="*", help="source stems to process (default: all)")
     ap.add_argument("--kind", choices=KINDS, default=None)
+    ap.add_argument("--keep-outputs", action="store_true",
+                    help="build: keep each code cell's stored outputs (nbval checks them in make test)")
     args = ap.parse_args(argv)
     kinds = [args.kind] if args.kind else list(KINDS)
     for kind in kinds:
@@ -223,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.command == "execute":
                     print(f"executing {out.relative_to(ROOT)} ...", flush=True)
                     execute(nb, out.parent)
+                elif args.keep_outputs:
+                    carry_outputs(nb, out)
                 write(nb, out)
                 print(f"wrote {out.relative_to(ROOT)}", flush=True)
     return 0

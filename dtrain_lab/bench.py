@@ -9,12 +9,12 @@ Rows (later lessons add theirs):
   (median of alternating repeats). What the launcher adds: stack-dump hooks, log tailing, clean-up.
 * ``ring_vs_all_reduce``: our send/recv ring all-reduce / ``dist.all_reduce``, per message size.
 * ``busbw``: bus bandwidth of ``dist.all_reduce`` against message size on this machine.
-* ``ddp_step_time``: ``dtrain_lab.ddp.DDP`` step time / PyTorch ``DistributedDataParallel`` (same run).
+* ``ddp_step_time``: ``dtrain_lab.parallel.ddp.DDP`` step time / PyTorch ``DistributedDataParallel`` (same run).
 * ``compression``: bytes sent and final loss of fp16, top-k (with and without error feedback) and
   PowerSGD, each divided by the uncompressed run's, same job, same seed (never timed).
 * ``zero_memory``: counted per-rank model-state bytes (params + grads + Adam state, fp32, tensor
   bytes, not RSS) of FSDP2 on an MLP of 3.1 M parameters / ``perfmodel.zero_memory(stage=3, "fp32")``;
-  with ``dtrain_lab.zero`` also its stages 1, 2 and 3 / the formula for that stage (never timed).
+  with ``dtrain_lab.parallel.zero`` also its stages 1, 2 and 3 / the formula for that stage (never timed).
 
 * ``pipeline_bubble``: measured idle fraction of 2 pipeline stages (GPipe and 1F1B, m = 1, 2, 4, 8;
   recorded per-stage timelines) / ``(p-1)/(m+p-1)``; ``pipeline_activations``: peak activation bytes
@@ -23,7 +23,7 @@ Rows (later lessons add theirs):
 * ``restart_reliability``: clean resumes after one killed rank under ``torchrun --max-restarts 2``
   (``dtrain_lab.demos.recovery_restart_probe``: the job finishes, right result, after exactly one
   restart) out of N trials, for ``init_process_group`` as PyTorch does it, the same with
-  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, and ``dtrain_lab.runtime`` (a key prefix per attempt);
+  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, and ``dtrain_lab.jobs.runtime`` (a key prefix per attempt);
   the modes alternate trial by trial. A race: counts, never times.
 
 ``--only NAME[,NAME]`` runs some rows (launch, collectives, ddp, compression, zero, pipeline, restarts).
@@ -44,8 +44,8 @@ import sys
 import time
 from pathlib import Path
 
-from .launch import PACKAGE_PARENT, launch
-from .perfmodel import human_bytes
+from dtrain_lab.jobs.launch import PACKAGE_PARENT, launch
+from dtrain_lab.perfmodel import human_bytes
 
 SCRIPT = Path(__file__).resolve().parent / "demos" / "hello.py"
 
@@ -128,7 +128,7 @@ def compression(steps: int = 200, nproc: int = 2, methods: str = "fp16,topk,topk
 
 def zero_memory_row(nproc: int = 2) -> dict:
     """Measured / predicted model-state bytes per rank (``dtrain_lab.demos.fsdp_run memory,zero``):
-    FSDP2 against ``zero_memory(stage=3, precision="fp32")``; ``dtrain_lab.zero``'s stages 1–3 too when
+    FSDP2 against ``zero_memory(stage=3, precision="fp32")``; ``dtrain_lab.parallel.zero``'s stages 1–3 too when
     that module works (else ``zero_note`` says why). ``ratio``: the largest |measured/predicted - 1|
     over ranks, as measured/predicted. Counts, not times."""
     r = launch("dtrain_lab.demos.fsdp_run", nproc=nproc, args=["memory,zero"], timeout=300, quiet=True)
@@ -162,7 +162,7 @@ def pipeline_rows(nproc: int = 2, m: int = 4) -> tuple[dict, dict]:
     backward) / ``(p-1)/(m+p-1)``, per schedule and m = 1, 2, 4, 8. ``pipeline_activations``:
     peak activation bytes the executor actually kept, 1F1B / GPipe, per stage, with m micro-batches
     (formula: min(p-s, m)/m). Ratios within one run."""
-    from .pipeline import idle_fraction
+    from dtrain_lab.parallel.pipeline import idle_fraction
 
     r = launch("dtrain_lab.demos.pp_run", nproc=nproc, args=["train,timing", str(m)], timeout=300, quiet=True)
     if not r.ok:
@@ -187,7 +187,7 @@ def pipeline_rows(nproc: int = 2, m: int = 4) -> tuple[dict, dict]:
 RESTART_MODES = {
     "plain": (["plain"], {}),
     "plain + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1": (["plain"], {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}),
-    "dtrain_lab.runtime": (["runtime"], {}),
+    "dtrain_lab.jobs.runtime": (["runtime"], {}),
 }
 
 
@@ -213,7 +213,7 @@ def restart_reliability(trials: int = 5, nproc: int = 2) -> dict:
             c["outcomes"].append(outcome)
     base = counts["plain"]["clean"]
     return {"name": "restart_reliability", "trials": trials, "nproc": nproc, "modes": counts,
-            "ratio": (counts["dtrain_lab.runtime"]["clean"] / base) if base else None}
+            "ratio": (counts["dtrain_lab.jobs.runtime"]["clean"] / base) if base else None}
 
 
 def table(rows: list[dict]) -> str:
@@ -244,11 +244,11 @@ def table(rows: list[dict]) -> str:
                        f"{human_bytes(max(f['measured']))} vs {human_bytes(f['predicted'])} per rank, "
                        f"{row['num_params']:,} params, {row['nproc']} ranks |")
             for stage, z in sorted(row.get("zero", {}).items()):
-                out.append(f"| dtrain_lab.zero stage {stage} bytes / zero_memory(stage={stage}, fp32) | "
+                out.append(f"| dtrain_lab.parallel.zero stage {stage} bytes / zero_memory(stage={stage}, fp32) | "
                            f"{z['ratio']:.4f}× | {human_bytes(max(z['measured']))} vs "
                            f"{human_bytes(z['predicted'])} per rank |")
             if row.get("zero_note"):
-                out.append(f"| dtrain_lab.zero rows skipped | – | {row['zero_note']} |")
+                out.append(f"| dtrain_lab.parallel.zero rows skipped | – | {row['zero_note']} |")
         elif row["name"] == "pipeline_bubble":
             for pt in row["points"]:
                 out.append(f"| pipeline idle, measured / (p-1)/(m+p-1): {pt['schedule']}, m={pt['m']} | "
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if want("collectives"):
         rows.extend(collectives(max_bytes))
     if want("ddp"):
-        from .ddp import bench_ddp
+        from dtrain_lab.parallel.ddp import bench_ddp
 
         rows.append(bench_ddp(repeats=2 if args.quick else 5))
     if want("compression"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import i18n
+from dtrain_lab import i18n
 
 
 def _info() -> int:
@@ -23,8 +23,8 @@ def _info() -> int:
 
     import torch
 
-    from .launch import default_nproc
-    from .runtime import choose_backend, gpu_count
+    from dtrain_lab.jobs.launch import default_nproc
+    from dtrain_lab.jobs.runtime import choose_backend, gpu_count
 
     print(f"dtrain-lab {__import__('dtrain_lab').__version__}, Python {platform.python_version()}, "
           f"torch {torch.__version__}")
@@ -37,7 +37,7 @@ def _info() -> int:
 
 
 def _run(args) -> int:
-    from .launch import launch
+    from dtrain_lab.jobs.launch import launch
 
     extra = list(args.program_args)
     r = launch(args.target, nproc=args.nproc, args=extra, timeout=args.timeout,
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             argv[i:i + 1] = ["nccl", "doctor"]
     if argv[:1] == ["nccl"] or argv[2:3] == ["nccl"] and argv[0] == "--lang":
         # dtrain-lab nccl lint [--file F] [--json] | dtrain-lab nccl doctor [--json]
-        from . import nccl
+        from dtrain_lab import nccl
 
         rest = argv[argv.index("nccl") + 1:]
         if argv[0] == "--lang":
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if argv[:1] == ["cluster"] or argv[2:3] == ["cluster"] and argv[0] == "--lang":
         # dtrain-lab cluster slurm|trainjob|pytorchjob|job --name N --nnodes K ... [-o FILE]
-        from .cluster import main as cluster_main
+        from dtrain_lab.jobs.cluster import main as cluster_main
 
         if argv[0] == "--lang":
             i18n.set_lang(argv[1])
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if "grade" in argv[:3] and argv.index("grade") in (0, 2) and (argv.index("grade") == 0 or argv[0] == "--lang"):
         # the grader parses its own options (--list, --json, ...): hand it everything after "grade"
         i = argv.index("grade")
-        from .grading import main as grade_main
+        from dtrain_lab.grading import main as grade_main
 
         if i == 2:
             i18n.set_lang(argv[1])
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "run":
             return _run(args)
         if args.cmd == "bench":
-            from .bench import main as bench_main
+            from dtrain_lab.bench import main as bench_main
 
             return bench_main((["--quick"] if args.quick else []) + (["--only", args.only] if args.only else []))
     except i18n.LabError as e:  # a clear message, no traceback wall

@@ -4,7 +4,7 @@ They are small on purpose: every lesson runs on 2 CPU processes, and the tests c
 after a few steps, so a model must train in milliseconds. Each constructor takes ``seed``: with a
 seed the weights are drawn from a private generator state (``torch.random.fork_rng``), so building
 a model neither depends on nor disturbs the global RNG; with ``seed=None`` it draws from the global
-RNG like any ``nn.Module`` (``torch.manual_seed`` / :func:`dtrain_lab.runtime.seed_all` decide).
+RNG like any ``nn.Module`` (``torch.manual_seed`` / :func:`dtrain_lab.jobs.runtime.seed_all` decide).
 
 * :class:`MLP` — the workhorse: ``Linear → ReLU → … → Linear``.
 * :class:`TiedMLP` — token model whose input embedding and output projection are **one**

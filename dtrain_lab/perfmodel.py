@@ -154,7 +154,7 @@ _ZERO_BYTES = {"mixed": (2, 2, 12),   # fp16/bf16 params and grads; fp32 master 
 
 
 def _zero_check(num_params, stage, world_size) -> None:
-    from .i18n import LabError
+    from dtrain_lab.i18n import LabError
 
     if isinstance(num_params, bool) or not isinstance(num_params, (int, float)) \
             or not math.isfinite(num_params) or num_params <= 0:
@@ -183,7 +183,7 @@ def zero_memory(num_params: float, stage: int, world_size: int, *, precision: st
     buffers and fragmentation are not model states and are not counted. The paper's example:
     Ψ = 7.5e9, N = 64 gives 120 GB, 31.4 GB, 16.6 GB and 1.9 GB (1 GB = 1e9 bytes).
     """
-    from .i18n import LabError
+    from dtrain_lab.i18n import LabError
 
     _zero_check(num_params, stage, world_size)
     if precision not in ZERO_PRECISIONS:
@@ -217,7 +217,7 @@ def zero_comm_volume(num_params: float, stage: int, world_size: int, bytes_per_e
     bytes sent by each kind of collective and in all, the paper's N → ∞ figure (2Ψ or 3Ψ times
     ``bytes_per_elem``), and ``total`` divided by DDP's.
     """
-    from .i18n import LabError
+    from dtrain_lab.i18n import LabError
 
     _zero_check(num_params, stage, world_size)
     if isinstance(bytes_per_elem, bool) or not isinstance(bytes_per_elem, (int, float)) or not bytes_per_elem > 0:
@@ -266,7 +266,7 @@ def memory_table(num_params: float, world_size: int, *, k: float | None = None) 
 
 def format_memory_table(rows: list[dict], lang: str | None = None) -> str:
     """``memory_table`` rows as a Markdown table, headers in the learner's language (GB = 1e9 B)."""
-    from .i18n import get_lang
+    from dtrain_lab.i18n import get_lang
 
     zh = (lang or get_lang()) == "zh"
     head = ("| 阶段 | 精度 | 参数 | 梯度 | 优化器状态 | 合计 |" if zh

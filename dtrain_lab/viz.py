@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import warnings
 
-from .i18n import get_lang, tr
+from dtrain_lab.i18n import get_lang, tr
 
 CJK_FONTS = (
     "Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC", "Source Han Sans CN",
@@ -126,7 +126,7 @@ def plot_bandwidth(rows: list[dict], world_size: int, backend: str, ax=None):
 
 def plot_measured_vs_model(rows: list[dict], alpha: float, beta: float, p: int, ax=None):
     """Measured time per call against message size, with the fitted α-β prediction as a line."""
-    from .perfmodel import collective_time
+    from dtrain_lab.perfmodel import collective_time
 
     if ax is None:
         _, ax = new_figure(figsize=(7, 4))
@@ -148,7 +148,7 @@ def plot_measured_vs_model(rows: list[dict], alpha: float, beta: float, p: int, 
 
 def plot_alpha_beta(alpha: float, beta: float, p_values=(2, 4, 8, 16), max_bytes: float = 2 ** 30, ax=None):
     """Predicted ring all-reduce time against message size for several world sizes."""
-    from .perfmodel import collective_time
+    from dtrain_lab.perfmodel import collective_time
 
     if ax is None:
         _, ax = new_figure(figsize=(7, 4))
@@ -171,7 +171,7 @@ def alpha_beta_calculator(alpha: float = 5e-6, beta: float = 1e-11):
     import ipywidgets as w
     from IPython.display import display
 
-    from .perfmodel import busbw_factor, collective_time, human_bytes
+    from dtrain_lab.perfmodel import busbw_factor, collective_time, human_bytes
 
     op = w.Dropdown(options=["all_reduce", "reduce_scatter", "all_gather", "broadcast"], value="all_reduce",
                     description="op")
@@ -206,7 +206,7 @@ def zero_memory_widget(params_b: float = 7.0, world_size: int = 8, stage: int = 
     Without ipywidgets (or outside a notebook) it prints the table of every stage and precision for
     the starting values instead (:func:`dtrain_lab.perfmodel.memory_table`) and returns that text.
     """
-    from .perfmodel import ZERO_PRECISIONS, format_memory_table, memory_table, zero_memory
+    from dtrain_lab.perfmodel import ZERO_PRECISIONS, format_memory_table, memory_table, zero_memory
 
     zero_memory(params_b * 1e9, stage, world_size, precision=precision)  # bilingual error on bad input
     try:
@@ -247,10 +247,10 @@ def zero_memory_widget(params_b: float = 7.0, world_size: int = 8, stage: int = 
 def pipeline_timeline(timeline, ax=None, title: str | None = None, unit: str = "", scale: float = 1.0):
     """Who computes what when: one row per stage, a bar per action (forward blue, backward orange,
     labelled with the micro-batch), white gaps are the bubble. ``timeline``: per stage a list of
-    ``(start, end, action)`` from :func:`dtrain_lab.pipeline.simulate_timeline` or the ``timeline``
-    that :func:`dtrain_lab.pipeline.run_schedule` recorded on each rank (times are shifted so that
+    ``(start, end, action)`` from :func:`dtrain_lab.parallel.pipeline.simulate_timeline` or the ``timeline``
+    that :func:`dtrain_lab.parallel.pipeline.run_schedule` recorded on each rank (times are shifted so that
     the first action starts at 0, then multiplied by ``scale``, e.g. 1e3 for milliseconds)."""
-    from .pipeline import _as_action, idle_fraction
+    from dtrain_lab.parallel.pipeline import _as_action, idle_fraction
 
     if ax is None:
         _, ax = new_figure(figsize=(9, 0.55 * len(timeline) + 1.2))
@@ -277,11 +277,11 @@ def pipeline_widget(num_stages: int = 4, num_microbatches: int = 8, kind: str = 
                     t_f: float = 1.0, t_b: float = 2.0):
     """Sliders for the number of stages p and of micro-batches m and the schedule: prints the bubble
     fraction (p-1)/(m+p-1), the simulated idle share and the micro-batches each stage holds at
-    most, and draws the simulated timeline (:func:`dtrain_lab.pipeline.simulate_timeline`).
+    most, and draws the simulated timeline (:func:`dtrain_lab.parallel.pipeline.simulate_timeline`).
 
     Without ipywidgets (or outside a notebook) it prints and draws the starting values once and
     returns the printed text."""
-    from .pipeline import bubble_fraction, idle_fraction, peak_in_flight, schedule, simulate_timeline
+    from dtrain_lab.parallel.pipeline import bubble_fraction, idle_fraction, peak_in_flight, schedule, simulate_timeline
 
     schedule(kind, num_stages, num_microbatches)   # bilingual error on bad input
 

@@ -1,7 +1,7 @@
 """Activation checkpointing: fewer saved bytes, one extra forward per block, identical gradients."""
 import torch
 
-from dtrain_lab import actckpt
+from dtrain_lab.parallel import actckpt
 
 
 def test_checkpointing_trades_memory_for_recompute():

@@ -1,4 +1,4 @@
-"""Gradient accumulation (dtrain_lab.accum) and mixed precision (dtrain_lab.amp), as lesson 03 uses them.
+"""Gradient accumulation (dtrain_lab.parallel.accum) and mixed precision (dtrain_lab.parallel.amp), as lesson 03 uses them.
 
 One launch (world size 2) of dtrain_lab.demos.accum_equivalence checks accumulation under both DDPs
 against a single-process large batch, no_sync's all-reduce count, the dtype DDP all-reduces under
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dtrain_lab import accum, amp
+from dtrain_lab.parallel import accum, amp
 from dtrain_lab.data import global_batch, regression_dataset
 from dtrain_lab.models import MLP
 

@@ -37,7 +37,7 @@ def test_restart_reliability_counts_only_clean_single_restarts(monkeypatch):
     assert [c["clean"] for c in row["modes"].values()] == [1, 1, 1]
     assert row["modes"]["plain"]["outcomes"] == ["clean", "more restarts"]
     assert row["modes"]["plain + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"]["outcomes"] == ["clean", "hang"]
-    assert row["modes"]["dtrain_lab.runtime"]["outcomes"] == ["clean", "wrong result"]
+    assert row["modes"]["dtrain_lab.jobs.runtime"]["outcomes"] == ["clean", "wrong result"]
     assert row["ratio"] == 1.0 and row["modes"]["plain"]["stale_keys_seen"] == 2
     assert calls[:3] == [(["plain"], None), (["plain"], "1"), (["runtime"], None)]   # modes alternate
     text = bench.table([row])

@@ -1,4 +1,4 @@
-"""dtrain_lab.cluster.ClusterJob: one job written for SLURM, Kubeflow Trainer v2 (TrainJob), the
+"""dtrain_lab.jobs.cluster.ClusterJob: one job written for SLURM, Kubeflow Trainer v2 (TrainJob), the
 Training Operator v1 (PyTorchJob) and a plain indexed Job; the same nodes, ranks, rendezvous, GPUs,
 shared memory and restarts in all four. The torchrun commands are parsed with torchrun's own
 argument parser; the SLURM script is run by bash with stand-ins for scontrol and srun.
@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import yaml
 
-from dtrain_lab.cluster import FORMATS, ClusterJob, main
+from dtrain_lab.jobs.cluster import FORMATS, ClusterJob, main
 from dtrain_lab.i18n import LabError
 
 PARAMS = dict(name="lab-ddp", nnodes=3, gpus_per_node=4, module="dtrain_lab.demos.multinode_check",
@@ -248,7 +248,7 @@ def test_run_passes_multinode_arguments(monkeypatch):
 
     from dtrain_lab.cli import main as cli_main
 
-    launch_mod = importlib.import_module("dtrain_lab.launch")  # the package re-exports launch() itself
+    launch_mod = importlib.import_module("dtrain_lab.jobs.launch")  # the package re-exports launch() itself
 
     seen = {}
 

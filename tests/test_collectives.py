@@ -5,7 +5,7 @@ import pytest
 
 from conftest import WORKERS
 
-from dtrain_lab.runtime import gpu_count
+from dtrain_lab.jobs.runtime import gpu_count
 
 WORLD_SIZES = [2, 3, 4]
 GPUS = gpu_count()

@@ -1,4 +1,4 @@
-"""dtrain_lab.compression: hooks equal PyTorch's, hand-computed top-k, error feedback, and the bytes
+"""dtrain_lab.parallel.compression: hooks equal PyTorch's, hand-computed top-k, error feedback, and the bytes
 each hook claims equal the bytes it passes to torch.distributed.
 
 One launch per world size (2, 3) runs every multi-process check (tests/workers/compression_checks.py;
@@ -277,7 +277,7 @@ def test_training_error_feedback_keeps_topk_near_uncompressed(results):
 # ------------------------------------------------------------------------ in-process
 @pytest.mark.timeout(60)
 def test_wire_bytes_formulas():
-    from dtrain_lab.compression import CommState, wire_bytes
+    from dtrain_lab.parallel.compression import CommState, wire_bytes
     from dtrain_lab.perfmodel import ring_bytes_sent
 
     assert wire_bytes("all_reduce", 1000, 4) == ring_bytes_sent(1000, 4) == 1500
@@ -292,7 +292,7 @@ def test_wire_bytes_formulas():
 @pytest.mark.timeout(60)
 def test_bad_arguments_are_bilingual_lab_errors():
     from dtrain_lab import LabError
-    from dtrain_lab.compression import CommState, PowerSGDState, TopKState, make_hook, topk_sparse_allreduce
+    from dtrain_lab.parallel.compression import CommState, PowerSGDState, TopKState, make_hook, topk_sparse_allreduce
 
     cases = [
         (lambda: TopKState(ratio=0), "compression_bad_ratio"),
@@ -322,7 +322,7 @@ def test_powersgd_defaults_mirror_pytorch():
 
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState as TorchState
 
-    from dtrain_lab.compression import PowerSGDState
+    from dtrain_lab.parallel.compression import PowerSGDState
 
     theirs = inspect.signature(TorchState).parameters
     ours = inspect.signature(PowerSGDState).parameters
@@ -337,7 +337,7 @@ def test_powersgd_defaults_mirror_pytorch():
 def test_should_compress_and_orthogonalize_match_pytorch():
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as P
 
-    from dtrain_lab.compression import PowerSGDState, orthogonalize_, should_compress
+    from dtrain_lab.parallel.compression import PowerSGDState, orthogonalize_, should_compress
 
     for n in (1, 4, 16, 64):
         for m in (1, 4, 32):
@@ -360,7 +360,7 @@ def test_should_compress_and_orthogonalize_match_pytorch():
 
 @pytest.mark.timeout(60)
 def test_topk_k_and_selection():
-    from dtrain_lab.compression import TopKState, topk_select
+    from dtrain_lab.parallel.compression import TopKState, topk_select
 
     assert TopKState(ratio=0.05).k_for(NUMEL) == 87
     assert TopKState(ratio=1.0).k_for(10) == 10 and TopKState(ratio=1e-9).k_for(10) == 1
@@ -371,8 +371,8 @@ def test_topk_k_and_selection():
 
 @pytest.mark.timeout(60)
 def test_demo_arguments_and_ddp_hook_registration():
-    from dtrain_lab.compression import CommState, allreduce_hook
-    from dtrain_lab.ddp import DDP
+    from dtrain_lab.parallel.compression import CommState, allreduce_hook
+    from dtrain_lab.parallel.ddp import DDP
     from dtrain_lab.demos.compression_run import parse
     from dtrain_lab.models import MLP
 

@@ -1,4 +1,4 @@
-"""dtrain_lab.ddp.DDP equals PyTorch's DistributedDataParallel and single-process training.
+"""dtrain_lab.parallel.ddp.DDP equals PyTorch's DistributedDataParallel and single-process training.
 
 One launch per world size (2, 3) runs every multi-process check (tests/workers/ddp_checks.py);
 the in-process tests at the end cover the world of one, the models and the data sets.
@@ -158,7 +158,7 @@ def test_construction_broadcasts_rank0_and_groups(results, n):
 # ------------------------------------------------------------------------ in-process (world of one)
 @pytest.mark.timeout(60)
 def test_world_of_one_is_the_plain_module():
-    from dtrain_lab.ddp import DDP, naive_allreduce_grads
+    from dtrain_lab.parallel.ddp import DDP, naive_allreduce_grads
     from dtrain_lab.models import MLP
 
     model = MLP(seed=0)
@@ -178,7 +178,7 @@ def test_world_of_one_is_the_plain_module():
 @pytest.mark.timeout(60)
 def test_ddp_error_is_bilingual():
     from dtrain_lab import get_lang
-    from dtrain_lab.ddp import DDPError
+    from dtrain_lab.parallel.ddp import DDPError
 
     e = DDPError("unused_params", rank=0, count=1, names="w", buckets=[0])
     lines = str(e).split("\n")
@@ -189,7 +189,7 @@ def test_ddp_error_is_bilingual():
 
 @pytest.mark.timeout(60)
 def test_params_reached_finds_unused_branch():
-    from dtrain_lab.ddp import params_reached
+    from dtrain_lab.parallel.ddp import params_reached
     from dtrain_lab.models import BranchMLP
 
     m = BranchMLP(seed=0)

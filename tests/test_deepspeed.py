@@ -1,4 +1,4 @@
-"""dtrain_lab.deepspeed_lab: DeepSpeed's ZeRO stages 0-3 train exactly like PyTorch DDP, the bytes each
+"""dtrain_lab.parallel.deepspeed_lab: DeepSpeed's ZeRO stages 0-3 train exactly like PyTorch DDP, the bytes each
 rank holds match the ZeRO formulas of dtrain_lab.perfmodel where DeepSpeed follows them, checkpoints resume
 exactly, and bad configs fail with a readable bilingual error.
 
@@ -11,7 +11,7 @@ The in-process tests at the end check make_config against DeepSpeed's own config
 """
 import pytest
 
-from dtrain_lab import deepspeed_lab as dsl
+from dtrain_lab.parallel import deepspeed_lab as dsl
 from dtrain_lab import i18n
 from dtrain_lab.perfmodel import zero_memory
 
@@ -141,7 +141,7 @@ def test_claims_checked_by_running(job):
 @pytest.mark.timeout(400)
 def test_fsdp2_same_training_other_bytes(job):
     if "fsdp_error" in job[0]:
-        pytest.fail(f"dtrain_lab.fsdp failed in the job: {job[0]['fsdp_error']}")
+        pytest.fail(f"dtrain_lab.parallel.fsdp failed in the job: {job[0]['fsdp_error']}")
     f = job[0]["fsdp"]
     assert f["loss_vs_ddp"]["max_abs_diff"] <= TOL and f["params_vs_ddp"]["max_abs_diff"] <= TOL
     ds3 = job[0]["runs"]["3"]["state_bytes"]

@@ -1,11 +1,11 @@
-"""dtrain_lab.debug.diagnose and the launcher's reading of native aborts: fast, no launch (the live
+"""dtrain_lab.jobs.diagnose.diagnose and the launcher's reading of native aborts: fast, no launch (the live
 versions of every case run in lesson 10's notebooks)."""
 from types import SimpleNamespace as NS
 
 import pytest
 
-from dtrain_lab.debug import Frame, WaitSite, diagnose, wait_site
-from dtrain_lab.launch import _native_abort
+from dtrain_lab.jobs.diagnose import Frame, WaitSite, diagnose, wait_site
+from dtrain_lab.jobs.launch import _native_abort
 
 DIST = "/x/site-packages/torch/distributed/distributed_c10d.py"
 
@@ -75,7 +75,7 @@ def test_a_rank_inside_backward_waits_in_backward():
 
 
 def test_signal_is_read_from_the_failing_ranks_own_block():
-    from dtrain_lab.launch import _signal_or_code
+    from dtrain_lab.jobs.launch import _signal_or_code
 
     agent = ("Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 11)\n"
              "  traceback : To enable traceback see ...\n-----------------------\n"

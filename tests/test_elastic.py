@@ -98,7 +98,7 @@ def test_restart_store_prefix_per_attempt(monkeypatch):
 
     import torch.distributed as dist
 
-    from dtrain_lab import runtime
+    from dtrain_lab.jobs import runtime
 
     server = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=datetime.timedelta(seconds=5))
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")

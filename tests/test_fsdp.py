@@ -1,4 +1,4 @@
-"""dtrain_lab.fsdp (PyTorch FSDP2): equals single-process training, holds 1/N of the model states,
+"""dtrain_lab.parallel.fsdp (PyTorch FSDP2): equals single-process training, holds 1/N of the model states,
 checkpoints round-trip atomically, bf16 mixed precision keeps fp32 shards.
 
 One launch of dtrain_lab.demos.fsdp_run per world size (2 and 3; 3 divides none of the
@@ -145,7 +145,7 @@ def test_measured_model_state_bytes_match_zero_stage3_formula(results):
 
 
 def test_bad_mixed_precision_is_a_bilingual_error():
-    from dtrain_lab.fsdp import mixed_precision_policy
+    from dtrain_lab.parallel.fsdp import mixed_precision_policy
     from dtrain_lab.i18n import MESSAGES, LabError
 
     with pytest.raises(LabError) as e:
@@ -158,7 +158,7 @@ def test_bad_mixed_precision_is_a_bilingual_error():
 
 
 def test_default_units_and_missing_checkpoint(tmp_path):
-    from dtrain_lab.fsdp import checkpoint_complete, default_units, load_checkpoint
+    from dtrain_lab.parallel.fsdp import checkpoint_complete, default_units, load_checkpoint
     from dtrain_lab.i18n import LabError
     from dtrain_lab.models import MLP, Block, TinyTransformer
 

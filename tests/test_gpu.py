@@ -7,7 +7,7 @@ import pytest
 
 import dtrain_lab
 from conftest import WORKERS
-from dtrain_lab.runtime import choose_backend, gpu_count
+from dtrain_lab.jobs.runtime import choose_backend, gpu_count
 
 GPUS = gpu_count()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs, found {GPUS}")]

@@ -1,4 +1,4 @@
-"""dtrain_lab.hetero: uneven batch shares for mixed GPUs, and gradients weighted by sample counts.
+"""dtrain_lab.parallel.hetero: uneven batch shares for mixed GPUs, and gradients weighted by sample counts.
 
 One launch (gloo, 2 ranks with 3 and 5 samples) checks every weighting against one process on the
 whole batch; the planner is tested in-process.
@@ -8,7 +8,7 @@ import uuid
 import pytest
 import torch
 
-from dtrain_lab import hetero
+from dtrain_lab.parallel import hetero
 from dtrain_lab.i18n import LabError
 
 

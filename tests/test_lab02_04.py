@@ -1,6 +1,6 @@
 """Labs 02 (gradient buckets) and 04 (top-k with error feedback): every solution passes, every learner
 stub is "not yet", plausible wrong answers fail with feedback in the learner's language, and the
-graders' references agree with the library they stand for (dtrain_lab.ddp, dtrain_lab.compression).
+graders' references agree with the library they stand for (dtrain_lab.parallel.ddp, dtrain_lab.parallel.compression).
 
 Solutions and stubs come from the labs' sources, solutions/_source/lab_02_ddp.md and
 lab_04_compression.md (the notebooks are generated from them); wrong answers live in
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import ROOT, lab_programs
-from dtrain_lab.ddp import MB, DDP
+from dtrain_lab.parallel.ddp import MB, DDP
 from dtrain_lab.grading import grade, grade_notebook, lab02, lab04, registry, submissions_in_notebook
 
 WRONG = ROOT / "tests" / "submissions"
@@ -79,7 +79,7 @@ def test_every_exercise_has_one_cell_a_title_and_an_ignored_file():
 def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lang):
     def refuse(*a, **kw):
         raise AssertionError("a stub was launched")
-    monkeypatch.setattr(importlib.import_module("dtrain_lab.launch"), "launch", refuse)
+    monkeypatch.setattr(importlib.import_module("dtrain_lab.jobs.launch"), "launch", refuse)
     for ex_id in EXERCISES:
         v = grade(ex_id, submit(tmp_path, ex_id, PROGRAMS[ex_id]["learner"], f"{lang}-{ex_id}"), lang=lang)
         assert v.outcome == "error" and not v.passed and v.details.get("not_yet"), v.feedback
@@ -90,7 +90,7 @@ def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lan
 
 
 def test_reference_buckets_are_ddps():
-    """lab02.reference_buckets is the rule of dtrain_lab.ddp.DDP._build_buckets (PyTorch's), on every
+    """lab02.reference_buckets is the rule of dtrain_lab.parallel.ddp.DDP._build_buckets (PyTorch's), on every
     case of the exercise and on the lab model at several caps."""
     cases = [(lab02.case_params(c), c[2]) for c in lab02.BUCKET_CASES]
     cases += [(lab02.case_params(lab02.BUCKET_CASES[0]), cap) for cap in (64, 100, 600, 1000, 1100, 1600)]

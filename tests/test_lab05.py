@@ -88,7 +88,7 @@ def test_exercises_cells_titles_and_ignored_files():
 def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lang):
     def refuse(*a, **kw):
         raise AssertionError("a stub was launched")
-    monkeypatch.setattr(importlib.import_module("dtrain_lab.launch"), "launch", refuse)
+    monkeypatch.setattr(importlib.import_module("dtrain_lab.jobs.launch"), "launch", refuse)
     for ex_id in EXERCISES:
         v = grade(ex_id, submit(tmp_path, ex_id, PROGRAMS[ex_id]["learner"], f"{lang}-{ex_id}"), lang=lang)
         assert v.outcome == "error" and not v.passed and v.details.get("not_yet"), v.feedback

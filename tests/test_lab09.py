@@ -56,7 +56,7 @@ def test_exercises_cells_and_scenarios():
 def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lang):
     def refuse(*a, **kw):
         raise AssertionError("a stub was launched")
-    monkeypatch.setattr(importlib.import_module("dtrain_lab.launch"), "launch", refuse)
+    monkeypatch.setattr(importlib.import_module("dtrain_lab.jobs.launch"), "launch", refuse)
     for ex_id in EXERCISES:
         path = tmp_path / f"{lang}-{ex_id}" / registry.get(ex_id).filename
         path.parent.mkdir()

@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT
 from dtrain_lab import authoring
 from dtrain_lab.grading import grade, grade_notebook, lab11, registry, submissions_in_notebook
-from dtrain_lab.nccl_vars import NOT_VARIABLES, VARS
+from dtrain_lab.nccl.vars import NOT_VARIABLES, VARS
 
 SOURCE = ROOT / "solutions" / "_source" / "lab_11_nccl.md"
 WRONG = ROOT / "tests" / "submissions" / "lab11"
@@ -65,7 +65,7 @@ def no_launch(monkeypatch):
     """Static grading must never launch anything."""
     def refuse(*a, **kw):
         raise AssertionError("a static exercise launched a job")
-    monkeypatch.setattr(importlib.import_module("dtrain_lab.launch"), "launch", refuse)
+    monkeypatch.setattr(importlib.import_module("dtrain_lab.jobs.launch"), "launch", refuse)
 
 
 # ------------------------------------------------------------------------ static (.env) exercises

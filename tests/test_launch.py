@@ -159,7 +159,7 @@ def test_bad_arguments_get_bilingual_errors():
 
 
 def test_read_jsonl_skips_a_line_cut_off_by_a_kill(tmp_path):
-    from dtrain_lab.launch import read_jsonl
+    from dtrain_lab.jobs.launch import read_jsonl
 
     f = tmp_path / "report.0.0.jsonl"
     f.write_text('{"loss": 1.5}\n[1, 2]\nnot json\n{"step": 3, "loss": 0.5}\n{"step": 4, "lo')

@@ -1,4 +1,4 @@
-"""dtrain_lab.model_parallel: a model cut into consecutive parts, one per rank, trains exactly like
+"""dtrain_lab.parallel.model: a model cut into consecutive parts, one per rank, trains exactly like
 the unsplit model; activations (not gradients) cross the ranks.
 
 One launch at world size 2 (dtrain_lab.demos.mp_run); every rank also trains the unsplit model alone
@@ -58,7 +58,7 @@ def test_one_rank_works_at_a_time(ranks):
 
 
 def test_partition():
-    from dtrain_lab.model_parallel import partition
+    from dtrain_lab.parallel.model import partition
     from dtrain_lab.models import MLP
 
     m = MLP(16, 32, 4, depth=3, seed=0)
@@ -76,7 +76,7 @@ def test_partition():
 
 def test_partition_errors():
     from dtrain_lab.i18n import LabError
-    from dtrain_lab.model_parallel import partition
+    from dtrain_lab.parallel.model import partition
     from dtrain_lab.models import MLP, BranchMLP
 
     with pytest.raises(LabError) as e:
@@ -89,7 +89,7 @@ def test_partition_errors():
 
 def test_multi_device_model_on_cpu_and_missing_gpu():
     from dtrain_lab.i18n import LabError
-    from dtrain_lab.model_parallel import MultiDeviceModel
+    from dtrain_lab.parallel.model import MultiDeviceModel
     from dtrain_lab.models import MLP
 
     m = MLP(16, 32, 4, depth=3, seed=0)

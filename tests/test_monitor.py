@@ -1,4 +1,4 @@
-"""dtrain_lab.monitor: the step-time split, the straggler, throughput and a profiler trace.
+"""dtrain_lab.jobs.monitor: the step-time split, the straggler, throughput and a profiler trace.
 
 One launch (2 ranks, gloo) of dtrain_lab.demos.monitor_run with rank 1 made slower on purpose; the
 split is checked against an independent wall clock around the loop, the trained parameters against
@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_no_survivors
-from dtrain_lab import monitor
+from dtrain_lab.jobs import monitor
 from dtrain_lab.i18n import LabError
-from dtrain_lab.launch import launch
+from dtrain_lab.jobs.launch import launch
 
 STEPS, WARMUP, BATCH, DELAY, SLOW, TRACE_STEPS = 12, 2, 8, 0.02, 1, 2
 

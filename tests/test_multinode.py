@@ -1,5 +1,5 @@
 """Two "nodes" on one machine: two torchrun agents (two dtrain_lab.launch calls) joined by a c10d
-rendezvous on a loopback port (dtrain_lab.cluster.run_local_nodes), gloo.
+rendezvous on a loopback port (dtrain_lab.jobs.cluster.run_local_nodes), gloo.
 
 One job that succeeds (every check on its reports) and one where node 1 fails right after start-up:
 node 0 must then be stopped at once, and no process of either node may survive.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import assert_no_survivors
-from dtrain_lab import cluster
+from dtrain_lab.jobs import cluster
 
 DEMO = "dtrain_lab.demos.multinode_check"
 

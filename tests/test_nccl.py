@@ -11,7 +11,7 @@ import pytest
 
 from dtrain_lab import i18n, nccl
 from dtrain_lab.nccl import EnvFileError, Finding, lint_env, parse_env_file
-from dtrain_lab.nccl_vars import NOT_VARIABLES, OWNERS, STATUSES, TYPES, VARS
+from dtrain_lab.nccl.vars import NOT_VARIABLES, OWNERS, STATUSES, TYPES, VARS
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 CLEAN = {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}

@@ -1,4 +1,4 @@
-"""dtrain_lab.parallel_dims: validation with every factor in the message, and the rank grid.
+"""dtrain_lab.parallel.dims: validation with every factor in the message, and the rank grid.
 
 The DeviceMesh that ``build_mesh`` makes with ``init_device_mesh`` on CPU/gloo at 4 ranks, and DP × PP
 training on it, are checked in tests/test_pipeline.py (``test_device_mesh_matches_grid``,
@@ -7,7 +7,7 @@ training on it, are checked in tests/test_pipeline.py (``test_device_mesh_matche
 import pytest
 
 from dtrain_lab.i18n import LabError
-from dtrain_lab.parallel_dims import MESH_DIMS, ParallelDims
+from dtrain_lab.parallel.dims import MESH_DIMS, ParallelDims
 
 
 def test_valid_dims_and_grid():

@@ -68,7 +68,7 @@ def test_bad_arguments_are_refused(bad):
 def test_ring_schedule_simulation_sums_every_chunk():
     import random
 
-    from dtrain_lab.collectives import ring_steps, simulate_ring
+    from dtrain_lab.comm.collectives import ring_steps, simulate_ring
 
     rng = random.Random(0)
     for p in range(1, 7):

@@ -1,4 +1,4 @@
-"""dtrain_lab.pipeline: GPipe and 1F1B schedules, their checker and simulator, and the executor.
+"""dtrain_lab.parallel.pipeline: GPipe and 1F1B schedules, their checker and simulator, and the executor.
 
 In-process: every schedule for p = 1…6 stages and m = 1…9 micro-batches is valid, holds the expected
 number of micro-batches in flight and has the bubble of the formula; broken schedules are caught
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from dtrain_lab.i18n import LabError, set_lang, get_lang
 from dtrain_lab.models import MLP
-from dtrain_lab.pipeline import (Action, PipelineError, PipelineStage, bubble_fraction, idle_fraction,
+from dtrain_lab.parallel.pipeline import (Action, PipelineError, PipelineStage, bubble_fraction, idle_fraction,
                                  peak_in_flight, run_schedule, schedule, simulate_timeline, split_sequential,
                                  train_step, validate)
 
@@ -271,7 +271,7 @@ def test_measured_timelines_respect_dependencies(results, n):
 # ------------------------------------------------------------------------------------ ParallelDims mesh (4 ranks)
 @pytest.mark.timeout(400)
 def test_device_mesh_matches_grid(results):
-    from dtrain_lab.parallel_dims import MESH_DIMS, ParallelDims
+    from dtrain_lab.parallel.dims import MESH_DIMS, ParallelDims
 
     for rank, m in metrics(results, 4).items():
         for key, shape in (("221", (2, 2, 1)), ("122", (1, 2, 2))):

@@ -1,4 +1,4 @@
-"""dtrain_lab.recovery: atomic checkpoints, exact resume, fault injection, heartbeats, DCP 2 -> 3 ranks.
+"""dtrain_lab.resilience.recovery: atomic checkpoints, exact resume, fault injection, heartbeats, DCP 2 -> 3 ranks.
 
 In-process tests (world of one) for the file format, the resume and the watchdog; two launches for
 the sharded checkpoint (saved by 2 ranks, loaded by 3) and the watchdog naming a stalled rank.
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 import dtrain_lab
-from dtrain_lab import recovery
+from dtrain_lab.resilience import recovery
 from dtrain_lab.data import regression_dataset
 from dtrain_lab.i18n import MESSAGES, LabError
 

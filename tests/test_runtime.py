@@ -4,7 +4,8 @@ import os
 import pytest
 import torch
 
-from dtrain_lab import i18n, runtime
+from dtrain_lab import i18n
+from dtrain_lab.jobs import runtime
 from dtrain_lab.i18n import LabError
 
 

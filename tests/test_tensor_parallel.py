@@ -1,4 +1,4 @@
-"""dtrain_lab.tensor_parallel: Megatron column/row layers, MLP, attention and Block equal the unsplit
+"""dtrain_lab.parallel.tensor: Megatron column/row layers, MLP, attention and Block equal the unsplit
 layers (outputs and every gradient), PyTorch's DTensor ``parallelize_module`` gives the same numbers,
 and the collectives are counted by ``CommDebugMode``, not assumed.
 
@@ -161,7 +161,7 @@ def test_world_of_one_same_comparisons_no_collectives():
 
 def test_shard_range_and_errors():
     from dtrain_lab.i18n import LabError
-    from dtrain_lab.tensor_parallel import shard_range
+    from dtrain_lab.parallel.tensor import shard_range
 
     assert [shard_range(12, 3, r) for r in range(3)] == [(0, 4), (4, 8), (8, 12)]
     with pytest.raises(LabError) as e:
@@ -175,7 +175,7 @@ def test_shard_range_and_errors():
 
 
 def test_operators_in_one_process_are_identities():
-    from dtrain_lab.tensor_parallel import f, g
+    from dtrain_lab.parallel.tensor import f, g
 
     x = torch.randn(3, 4, requires_grad=True)
     y = g(f(x)) * 2
@@ -184,7 +184,7 @@ def test_operators_in_one_process_are_identities():
 
 
 def test_from_linear_copies_the_weights():
-    from dtrain_lab.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from dtrain_lab.parallel.tensor import ColumnParallelLinear, RowParallelLinear
 
     lin = nn.Linear(4, 6)
     col, row = ColumnParallelLinear.from_linear(lin), RowParallelLinear.from_linear(lin, input_is_parallel=False)
@@ -198,7 +198,7 @@ def test_from_linear_copies_the_weights():
 
 
 def test_comm_bytes_formulas():
-    from dtrain_lab.tensor_parallel import dp_comm_bytes, tp_comm_bytes
+    from dtrain_lab.parallel.tensor import dp_comm_bytes, tp_comm_bytes
 
     t = tp_comm_bytes(tokens=8, d=32, tp=2)
     assert t["payload_bytes"] == 8 * 32 * 4 and t["sent_per_rank"] == 2 * 1 * 8 * 32 * 4

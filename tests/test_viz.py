@@ -51,7 +51,7 @@ def test_without_cjk_font_labels_fall_back_to_english(monkeypatch):
 
 
 def test_show_prints_source_outside_a_notebook(capsys):
-    from dtrain_lab.collectives import ring_all_reduce
+    from dtrain_lab.comm.collectives import ring_all_reduce
 
     viz.show(ring_all_reduce)
     assert "def ring_all_reduce" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""dtrain_lab.zero: ZeRO stages 1, 2 (ShardedOptimizer) and 3 (ZeroStage3).
+"""dtrain_lab.parallel.zero: ZeRO stages 1, 2 (ShardedOptimizer) and 3 (ZeroStage3).
 
 One launch per world size (2, 3) of ``dtrain_lab.demos.zero_run`` runs every multi-process check;
 the references are independent: single-process unsharded training on the concatenated batch, PyTorch's
@@ -200,7 +200,7 @@ def _loss(model, toks):
 @pytest.mark.parametrize("kind", ["stage1", "stage1rs", "stage2", "stage2b", "stage3"])
 @pytest.mark.parametrize("opt_class", [torch.optim.Adam, torch.optim.SGD])
 def test_world_of_one_equals_plain_optimizer(kind, opt_class):
-    from dtrain_lab.zero import ShardedOptimizer, ZeroStage3
+    from dtrain_lab.parallel.zero import ShardedOptimizer, ZeroStage3
     torch.manual_seed(0)
     ref, model = _tiny(), _tiny()
     kw = {"lr": LR} if opt_class is torch.optim.Adam else {"lr": 0.1, "momentum": 0.9}
@@ -226,7 +226,7 @@ def test_world_of_one_equals_plain_optimizer(kind, opt_class):
 
 
 def test_stage3_frees_full_parameters_between_steps_and_in_eval():
-    from dtrain_lab.zero import ZeroStage3
+    from dtrain_lab.parallel.zero import ZeroStage3
     model = _tiny()
     z = ZeroStage3(model, torch.optim.Adam, lr=LR)
     toks = torch.randint(0, 11, (2, 8))
@@ -241,7 +241,7 @@ def test_stage3_frees_full_parameters_between_steps_and_in_eval():
 
 
 def test_bad_input_gives_clear_errors():
-    from dtrain_lab.zero import ShardedOptimizer, ZeroStage3
+    from dtrain_lab.parallel.zero import ShardedOptimizer, ZeroStage3
     model = _tiny()
     with pytest.raises(LabError) as e:
         ShardedOptimizer(model.parameters(), torch.optim.Adam, stage=3)
@@ -260,7 +260,7 @@ def test_bad_input_gives_clear_errors():
 
 
 def test_state_dict_round_trip():
-    from dtrain_lab.zero import ShardedOptimizer
+    from dtrain_lab.parallel.zero import ShardedOptimizer
     a, b = _tiny(), _tiny()
     oa = ShardedOptimizer(a.parameters(), torch.optim.Adam, stage=2, lr=LR)
     toks = torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(3))

@@ -7,14 +7,14 @@ Every rank trains the same MLP for ``steps`` optimizer steps; each step takes a 
 The variants, all from the same initial weights on the same data:
 
 * ``single``: the reference, one process, one backward over the whole global batch of B per step;
-* ``ours`` / ``torch``: :class:`dtrain_lab.ddp.DDP` / PyTorch's ``DistributedDataParallel`` with
+* ``ours`` / ``torch``: :class:`dtrain_lab.parallel.ddp.DDP` / PyTorch's ``DistributedDataParallel`` with
   ``no_sync()`` around the first k-1 micro-batches;
 * ``ours_every`` / ``torch_every``: the same without ``no_sync`` (an all-reduce at every backward);
 * ``no_divide``: ours with ``no_sync``, forgetting to divide the loss by k (the bug);
 * ``torch_bf16``: PyTorch DDP with ``no_sync`` under bf16 autocast, to see which dtype DDP all-reduces;
 * ``scaler``: PyTorch DDP with a ``GradScaler`` where only rank 1's loss becomes inf at step 1.
 
-PyTorch DDP's all-reduces are counted by a communication hook (:mod:`dtrain_lab.accum`), ours by
+PyTorch DDP's all-reduces are counted by a communication hook (:mod:`dtrain_lab.parallel.accum`), ours by
 ``DDP.stats()``. Each rank checks the equalities with ``torch.testing.assert_close`` (a failure fails
 the job) and reports the numbers.
 """
@@ -25,10 +25,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from dtrain_lab import runtime
-from dtrain_lab.accum import AllReduceCounter, accumulation_step, counting_allreduce_hook, micro_batches
+from dtrain_lab.jobs import runtime
+from dtrain_lab.parallel.accum import AllReduceCounter, accumulation_step, counting_allreduce_hook, micro_batches
 from dtrain_lab.data import global_batch, regression_dataset, shard
-from dtrain_lab.ddp import DDP
+from dtrain_lab.parallel.ddp import DDP
 from dtrain_lab.models import MLP
 
 LR, MOMENTUM = 0.05, 0.9

@@ -8,8 +8,8 @@ over to GPUs.
 """
 import sys
 
-from dtrain_lab import runtime
-from dtrain_lab.collectives import measure_collective
+from dtrain_lab.jobs import runtime
+from dtrain_lab.comm.collectives import measure_collective
 
 
 def main() -> None:

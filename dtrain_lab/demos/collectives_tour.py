@@ -9,8 +9,8 @@ every run; the launcher gathers what each rank reports.
 import torch
 import torch.distributed as dist
 
-from dtrain_lab import runtime
-from dtrain_lab.collectives import ring_all_reduce
+from dtrain_lab.jobs import runtime
+from dtrain_lab.comm.collectives import ring_all_reduce
 
 
 def fmt(t: torch.Tensor) -> str:

@@ -7,7 +7,7 @@
 The first argument is a comma-separated list of parts; ``key=value`` pairs after it go to every
 part that takes that keyword. Each part reports its result under its own name, so
 ``LaunchResult.metrics[rank]["topk_by_hand"]`` holds what that rank saw. The training task is the one
-of :func:`dtrain_lab.compression.train_with_compression` (``MLP(16, 64, 4)``, synthetic regression).
+of :func:`dtrain_lab.parallel.compression.train_with_compression` (``MLP(16, 64, 4)``, synthetic regression).
 """
 import inspect
 import sys
@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dtrain_lab import runtime
-from dtrain_lab.compression import (CommState, PowerSGDState, powersgd_hook, topk_allreduce_indices_WRONG,
+from dtrain_lab.jobs import runtime
+from dtrain_lab.parallel.compression import (CommState, PowerSGDState, powersgd_hook, topk_allreduce_indices_WRONG,
                                     topk_sparse_allreduce)
 
 # Two ranks' gradients for the worked examples (rank r takes row r; other ranks get zeros).
@@ -37,7 +37,7 @@ def _row(rows, rank):
 def topk_by_hand(rounds: int = 3) -> dict:
     """Top-k with k = 1 on a 4-entry gradient that is the same at every step, with and without error
     feedback: what each rank sends, the average every rank receives, and the residual it keeps.
-    The same operations as :func:`dtrain_lab.compression.topk_hook`, on a plain tensor."""
+    The same operations as :func:`dtrain_lab.parallel.compression.topk_hook`, on a plain tensor."""
     rank = dist.get_rank()
     g = _row(HAND, rank)
     out = {}

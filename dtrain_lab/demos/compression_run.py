@@ -2,9 +2,9 @@
 
     torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.compression_run [methods] [steps] [key=value ...]
 
-``methods`` is a comma-separated list of :data:`dtrain_lab.compression.METHODS` (default
+``methods`` is a comma-separated list of :data:`dtrain_lab.parallel.compression.METHODS` (default
 ``none,fp16,topk,topk_noef,powersgd``); ``key=value`` pairs are passed to
-:func:`dtrain_lab.compression.train_with_compression` (``ratio=0.01 rank=1 start_iter=10 lr=0.05
+:func:`dtrain_lab.parallel.compression.train_with_compression` (``ratio=0.01 rank=1 start_iter=10 lr=0.05
 momentum=0 per_rank_batch=16 d_hidden=64 seed=0 ddp=ours``). Each method trains the same model from the same
 seed on the same data; after each one every rank reports ``runs`` (a dict method → per-step ``loss``,
 cumulative ``bytes`` …, see ``train_with_compression``), so ``LaunchResult.metrics[0]["runs"]``
@@ -14,8 +14,8 @@ import sys
 
 import torch
 
-from dtrain_lab import runtime
-from dtrain_lab.compression import train_with_compression
+from dtrain_lab.jobs import runtime
+from dtrain_lab.parallel.compression import train_with_compression
 
 DEFAULT_METHODS = "none,fp16,topk,topk_noef,powersgd"
 

@@ -7,7 +7,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.ddp_step_time [repeats] [steps] [d_hidden] [depth] [batch]
 
 Four variants train the same MLP on the same data: ``torch`` (DistributedDataParallel), ``ours``
-(:class:`dtrain_lab.ddp.DDP`, overlap on), ``no_overlap`` (ours, buckets reduced after backward) and
+(:class:`dtrain_lab.parallel.ddp.DDP`, overlap on), ``no_overlap`` (ours, buckets reduced after backward) and
 ``naive`` (one blocking all-reduce per parameter after backward). Timed blocks of ``steps`` steps
 (forward, backward, SGD step) alternate between the variants ``repeats`` times, so that drifting load
 hits all alike; a variant's time is the median over its blocks of the slowest rank's seconds per
@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from dtrain_lab import runtime
-from dtrain_lab.ddp import DDP, naive_allreduce_grads
+from dtrain_lab.jobs import runtime
+from dtrain_lab.parallel.ddp import DDP, naive_allreduce_grads
 from dtrain_lab.models import MLP, count_params
 
 

@@ -8,7 +8,7 @@ most 16 KiB, 0.19 MiB of gradients. Per step, naive data parallelism issues 26 a
 bucket, one. Variants:
 
 * ``naive`` — one blocking all-reduce per parameter after backward;
-* ``ours@CAP`` / ``ours_no_overlap@CAP`` — :class:`dtrain_lab.ddp.DDP` with ``bucket_cap_mb=CAP``,
+* ``ours@CAP`` / ``ours_no_overlap@CAP`` — :class:`dtrain_lab.parallel.ddp.DDP` with ``bucket_cap_mb=CAP``,
   with and without overlap;
 * ``torch@CAP`` — ``DistributedDataParallel(bucket_cap_mb=CAP)``.
 
@@ -28,8 +28,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from dtrain_lab import runtime
-from dtrain_lab.ddp import DDP, naive_allreduce_grads
+from dtrain_lab.jobs import runtime
+from dtrain_lab.parallel.ddp import DDP, naive_allreduce_grads
 from dtrain_lab.models import MLP
 
 DEFAULT_CAPS = (0.005, 0.02, 0.1, 25.0)

@@ -6,8 +6,8 @@ Every rank builds ``MLP(16, 32, 4, depth=2, seed=0)`` and trains it with SGD on 
 batches of 16 samples of ``regression_dataset(seed=0)``, once per variant:
 
 * ``naive`` — no wrapper; after ``loss.backward()``, one blocking all-reduce per parameter
-  (:func:`dtrain_lab.ddp.naive_allreduce_grads`);
-* ``one_bucket`` — :class:`dtrain_lab.ddp.DDP` with the default 25 MiB cap: the whole model in one bucket;
+  (:func:`dtrain_lab.parallel.ddp.naive_allreduce_grads`);
+* ``one_bucket`` — :class:`dtrain_lab.parallel.ddp.DDP` with the default 25 MiB cap: the whole model in one bucket;
 * ``buckets`` — our DDP with a 0.0005 MiB (524-byte) cap: three buckets, launched from the gradient hooks
   while backward still runs; ``buckets_no_overlap`` — the same buckets, reduced after backward;
 * ``torch`` — ``torch.nn.parallel.DistributedDataParallel`` with the same 0.0005 MiB cap; a communication
@@ -16,7 +16,7 @@ batches of 16 samples of ``regression_dataset(seed=0)``, once per variant:
 Each rank reports, per variant, its final parameters (flattened) and what was communicated per step;
 the notebook compares them with single-process training on the whole global batches. Then the
 unused-parameter case: a step in which ``BranchMLP``'s branch is skipped, first with our default DDP
-(a :class:`~dtrain_lab.ddp.DDPError` at the end of backward, reported, not raised), then with
+(a :class:`~dtrain_lab.parallel.ddp.DDPError` at the end of backward, reported, not raised), then with
 ``find_unused_parameters=True``.
 """
 import sys
@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 from dtrain_lab.data import global_batch, regression_dataset, shard
-from dtrain_lab.ddp import DDP, DDPError, naive_allreduce_grads
+from dtrain_lab.parallel.ddp import DDP, DDPError, naive_allreduce_grads
 from dtrain_lab.models import MLP, BranchMLP
 
 GLOBAL_BATCH, LR, SMALL_CAP_MB = 16, 0.1, 0.0005

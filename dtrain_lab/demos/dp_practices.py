@@ -5,7 +5,7 @@
     torchrun ... -m dtrain_lab.demos.dp_practices rank0_eval          # the trap: hangs
 
 The functions named on the command line run in order, in one job (starting a job costs seconds);
-each reports its results with :func:`dtrain_lab.runtime.report` under its own keys.
+each reports its results with :func:`dtrain_lab.jobs.runtime.report` under its own keys.
 """
 import copy
 import os
@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 from dtrain_lab.data import classification_dataset, regression_dataset, shard
-from dtrain_lab.ddp import naive_allreduce_grads
+from dtrain_lab.parallel.ddp import naive_allreduce_grads
 from dtrain_lab.demos.dp_sync_bn import sync_bn
 from dtrain_lab.models import MLP
 

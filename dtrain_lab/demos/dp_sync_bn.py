@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 from dtrain_lab.data import shard
 
 

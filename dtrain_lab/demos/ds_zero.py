@@ -8,27 +8,27 @@ runs; ``ckpt=`` for none) ``probe=1`` ``bf16=0,1,2,3`` (stages also run in bf16 
 ``clip_control=0.05`` (a ZeRO-0 run with ``gradient_clipping`` at this value; 0 = none) ``facts=1``
 ``fsdp=1``.
 
-One process trains the same :func:`dtrain_lab.deepspeed_lab.make_model` from the same seed on the same
+One process trains the same :func:`dtrain_lab.parallel.deepspeed_lab.make_model` from the same seed on the same
 global batches, first under ``torch.nn.parallel.DistributedDataParallel`` (the reference), then under
 one DeepSpeed engine per ZeRO stage (engines can be created one after the other in one process:
 DeepSpeed keeps the process group it wrapped the first time). Every rank reports:
 
 * ``ddp`` — the reference's per-step ``loss``;
 * ``runs`` — per stage: ``loss``, ``loss_vs_ddp`` and ``params_vs_ddp`` (``equal`` bit for bit and
-  ``max_abs_diff``), ``state_bytes`` (:func:`~dtrain_lab.deepspeed_lab.per_rank_state_bytes`: gradients
+  ``max_abs_diff``), ``state_bytes`` (:func:`~dtrain_lab.parallel.deepspeed_lab.per_rank_state_bytes`: gradients
   after the first backward, the rest after the first step), ``config`` (the config's key settings),
   ``engine_config`` (what the engine runs), ``step_seconds``, ``seconds``;
 * ``clip_control`` — ``params_vs_ddp``/``loss_vs_ddp`` of the clipped run (it must differ);
 * ``mixed`` — per stage, the bf16 runs: ``loss``, ``loss_vs_ddp`` (close, not equal), ``state_bytes``;
-* ``ckpt`` — per stage: :func:`~dtrain_lab.deepspeed_lab.checkpoint_roundtrip` (files this rank
+* ``ckpt`` — per stage: :func:`~dtrain_lab.parallel.deepspeed_lab.checkpoint_roundtrip` (files this rank
   saved, resumed loss against the uninterrupted one);
 * ``facts`` — things the seed material gets wrong, run: ``"type": "Adam"`` builds AdamW; a client
   optimizer passed to ``initialize`` trains like DDP; ZeRO-Offload with a PyTorch optimizer, allowed
   and refused; fp16 on this machine; the pipeline engine with ZeRO-2 (the bilingual error key each raised);
-* ``fsdp`` — the same model under FSDP2 (:func:`dtrain_lab.fsdp.shard_model`): ``loss``, ``params_vs_ddp``
-  (rank 0), ``state_bytes`` (:func:`dtrain_lab.fsdp.sharded_state_bytes`), ``files`` of its DCP
+* ``fsdp`` — the same model under FSDP2 (:func:`dtrain_lab.parallel.fsdp.shard_model`): ``loss``, ``params_vs_ddp``
+  (rank 0), ``state_bytes`` (:func:`dtrain_lab.parallel.fsdp.sharded_state_bytes`), ``files`` of its DCP
   checkpoint, ``step_seconds``; ``fsdp_error`` instead if that module is missing or fails;
-* ``features`` — :func:`~dtrain_lab.deepspeed_lab.probe_features` (rank 0);
+* ``features`` — :func:`~dtrain_lab.parallel.deepspeed_lab.probe_features` (rank 0);
 * ``numel``, ``rank``, ``world_size``, ``backend``, ``accelerator``.
 """
 import sys
@@ -36,8 +36,8 @@ import time
 
 import torch
 
-from dtrain_lab import deepspeed_lab as dsl
-from dtrain_lab import runtime
+from dtrain_lab.parallel import deepspeed_lab as dsl
+from dtrain_lab.jobs import runtime
 from dtrain_lab.i18n import LabError
 
 
@@ -121,7 +121,7 @@ def fsdp_run(o: dict, ref: dict) -> dict:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from dtrain_lab import fsdp
+    from dtrain_lab.parallel import fsdp
 
     rt = runtime.current()
     model = dsl.make_model(o["seed"], o["d_hidden"]).to(rt.device)

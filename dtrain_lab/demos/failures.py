@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 
 # DDP's constructor imports torch._dynamo (2 s on an idle CPU core, far more on a busy one). The
 # launcher's timeout clock starts when the process group is up, so a hang demo with a short limit

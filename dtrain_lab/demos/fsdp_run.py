@@ -6,14 +6,14 @@ bf16 mixed precision, and model-state bytes against the ZeRO formula (lesson on 
 ``sections`` is a comma-separated list (default ``train``):
 
 * ``train`` — a :class:`~dtrain_lab.models.TinyTransformer` sharded with
-  :func:`dtrain_lab.fsdp.shard_model` trains ``steps`` Adam steps, each rank on its slice of a
+  :func:`dtrain_lab.parallel.fsdp.shard_model` trains ``steps`` Adam steps, each rank on its slice of a
   global batch; every rank also trains an unsharded copy on the whole batch (the single-process
   reference). Reports the parameter and loss differences, the bytes each rank holds, a DCP
   checkpoint round trip (into a model initialised differently), and a bf16 mixed-precision run.
 * ``memory`` — an MLP of ~3.2 M parameters (padding negligible) sharded with FSDP2, one Adam step;
   reports this rank's counted model-state bytes and :func:`dtrain_lab.perfmodel.zero_memory`'s
   prediction for stage 3, fp32.
-* ``zero`` — the same for ``dtrain_lab.zero`` (stages 1, 2: ``ShardedOptimizer``; 3: ``ZeroStage3``)
+* ``zero`` — the same for ``dtrain_lab.parallel.zero`` (stages 1, 2: ``ShardedOptimizer``; 3: ``ZeroStage3``)
   against ``zero_memory(stage, precision="fp32")``; reports ``zero_error`` instead if that module is
   missing or fails.
 
@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dtrain_lab import runtime
-from dtrain_lab.fsdp import (PARTIAL_SUFFIX, checkpoint_complete, full_state_dict, load_checkpoint,
+from dtrain_lab.jobs import runtime
+from dtrain_lab.parallel.fsdp import (PARTIAL_SUFFIX, checkpoint_complete, full_state_dict, load_checkpoint,
                              save_checkpoint, shard_model, sharded_state_bytes)
 from dtrain_lab.i18n import LabError
 from dtrain_lab.models import MLP, TinyTransformer, count_params
@@ -232,12 +232,12 @@ def memory_section(rt) -> None:
 
 
 def zero_section(rt) -> None:
-    """The same measurement for dtrain_lab.zero (ZeRO 1 and 2: ShardedOptimizer, 3: ZeroStage3), if
+    """The same measurement for dtrain_lab.parallel.zero (ZeRO 1 and 2: ShardedOptimizer, 3: ZeroStage3), if
     that module is there and works; otherwise reports why (``zero_error``)."""
     try:
-        from dtrain_lab.zero import ShardedOptimizer, ZeroStage3
+        from dtrain_lab.parallel.zero import ShardedOptimizer, ZeroStage3
     except Exception as exc:  # noqa: BLE001 - reported, not fatal: the FSDP rows stand alone
-        runtime.report(zero_error=f"dtrain_lab.zero not importable: {type(exc).__name__}: {exc}")
+        runtime.report(zero_error=f"dtrain_lab.parallel.zero not importable: {type(exc).__name__}: {exc}")
         return
     g = torch.Generator().manual_seed(rt.rank)
     x = torch.randn(8, MEMORY_MLP["d_in"], generator=g).to(rt.device)
@@ -261,7 +261,7 @@ def zero_section(rt) -> None:
                                 "ratio": measured / pred["total"]}
             del model, opt, fwd
     except Exception as exc:  # noqa: BLE001
-        runtime.report(zero=rows, zero_error=f"dtrain_lab.zero failed: {type(exc).__name__}: {exc}")
+        runtime.report(zero=rows, zero_error=f"dtrain_lab.parallel.zero failed: {type(exc).__name__}: {exc}")
         return
     runtime.report(zero=rows)
 

@@ -9,7 +9,7 @@ launcher's time limit kills the job.
 import torch
 import torch.distributed as dist
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 
 
 def evaluate(model_state: torch.Tensor) -> float:

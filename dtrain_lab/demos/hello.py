@@ -7,7 +7,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 
 ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

@@ -3,8 +3,8 @@
     torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.monitor_run --slow-rank 1 --delay 0.01
 
 Every rank trains the same tiny MLP with PyTorch DDP for ``--steps`` steps on its own batches of
-``--batch`` samples. A :class:`dtrain_lab.monitor.StepTimer` splits each step into data / compute /
-comm / optimizer; the gradients are averaged by :func:`dtrain_lab.monitor.timed_allreduce_hook`
+``--batch`` samples. A :class:`dtrain_lab.jobs.monitor.StepTimer` splits each step into data / compute /
+comm / optimizer; the gradients are averaged by :func:`dtrain_lab.jobs.monitor.timed_allreduce_hook`
 (a blocking all-reduce per bucket, so communication can be timed apart from backward). Rank
 ``--slow-rank`` sleeps ``--delay`` seconds inside its compute phase: a slower GPU, a busier host.
 The summaries are gathered to rank 0, which names the straggler. Then every rank traces
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from dtrain_lab import monitor, runtime
+from dtrain_lab.jobs import monitor, runtime
 
 
 def _model() -> torch.nn.Module:

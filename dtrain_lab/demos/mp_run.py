@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.mp_run [steps] [d_hidden] [batch]
 
 ``MLP(16, d_hidden, 4, depth=3, seed=0)`` (four Linear layers) is cut into one part per rank
-(:func:`dtrain_lab.model_parallel.partition`) and trained with SGD for ``steps`` steps on global
+(:func:`dtrain_lab.parallel.model.partition`) and trained with SGD for ``steps`` steps on global
 batches of ``regression_dataset(seed=0)``; activations go forward rank → rank+1 with ``dist.send``,
 their gradients come back with ``dist.send`` too. Every rank also trains the whole model alone on
 the same batches (it is tiny) and compares its part's parameters with the same layers of that
@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 from dtrain_lab.data import global_batch, regression_dataset
-from dtrain_lab.model_parallel import MultiDeviceModel, partition, train_model_parallel
+from dtrain_lab.parallel.model import MultiDeviceModel, partition, train_model_parallel
 from dtrain_lab.models import MLP
 
 LR = 0.05

@@ -1,6 +1,6 @@
 """What each process of a multi-node job sees, and one DDP step that must agree on every node.
 
-Run on two machines (or two terminals of one machine, see ``dtrain_lab.cluster.run_local_nodes``)::
+Run on two machines (or two terminals of one machine, see ``dtrain_lab.jobs.cluster.run_local_nodes``)::
 
     # on every node, the same command (c10d rendezvous: the node rank is assigned, not given)
     torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d \\
@@ -16,7 +16,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 
 ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
             "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",

@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dtrain_lab import hetero, runtime
+from dtrain_lab.parallel import hetero
+from dtrain_lab.jobs import runtime
 
 
 def _model() -> torch.nn.Module:

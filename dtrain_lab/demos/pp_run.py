@@ -6,9 +6,9 @@
 Parts (comma-separated first argument):
 
 * ``train`` — ``MLP(16, 32, 4, depth=3, seed=0)`` (four Linear layers) cut into one stage per rank
-  (:func:`dtrain_lab.pipeline.split_sequential`), trained ``STEPS`` SGD steps on batches of
+  (:func:`dtrain_lab.parallel.pipeline.split_sequential`), trained ``STEPS`` SGD steps on batches of
   ``4·m`` rows in ``m`` micro-batches, for each schedule (gpipe, 1f1b) and each ``m`` of the
-  second argument (default ``3,4`` with 2 ranks): with :func:`dtrain_lab.pipeline.train_step`, and
+  second argument (default ``3,4`` with 2 ranks): with :func:`dtrain_lab.parallel.pipeline.train_step`, and
   with ``torch.distributed.pipelining`` (``PipelineStage`` + ``ScheduleGPipe``/``Schedule1F1B``,
   when ``m ≥ p``, which its 1F1B requires). Each rank reports its stage's parameters, those of the
   same layers after training the whole model in one process on the whole batches, the measured
@@ -19,7 +19,7 @@ Parts (comma-separated first argument):
   that does not need a CPU core: with 2 cores shared by several processes, real computation would
   time the OS scheduler), ``m`` = 1, 2, 4, 8, both schedules: measured idle fraction from the
   recorded timelines against ``(p-1)/(m+p-1)``.
-* ``dims`` — 4 ranks: :class:`dtrain_lab.parallel_dims.ParallelDims` meshes ``(pp, dp, tp)`` =
+* ``dims`` — 4 ranks: :class:`dtrain_lab.parallel.dims.ParallelDims` meshes ``(pp, dp, tp)`` =
   (2, 2, 1) and (1, 2, 2): the ranks of each dimension's group; then DP × PP training on the
   (2, 2, 1) mesh (pipeline over ``mesh["pp"]``, gradients averaged over ``mesh["dp"]``) against one
   process on the whole batches.
@@ -32,10 +32,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 from dtrain_lab.data import regression_dataset
 from dtrain_lab.models import MLP
-from dtrain_lab.pipeline import (bubble_fraction, schedule, split_sequential, PipelineStage,
+from dtrain_lab.parallel.pipeline import (bubble_fraction, schedule, split_sequential, PipelineStage,
                                  run_schedule, train_step)
 
 STEPS, LR, MB_ROWS = 3, 0.1, 4
@@ -172,7 +172,7 @@ def part_timing(ms=(1, 2, 4, 8)) -> dict:
 
 
 def part_dims() -> dict:
-    from dtrain_lab.parallel_dims import ParallelDims
+    from dtrain_lab.parallel.dims import ParallelDims
 
     rt = runtime.current()
     out = {}

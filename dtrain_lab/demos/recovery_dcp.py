@@ -5,13 +5,13 @@
 
 ``save``: a 10 x 3 matrix ``arange(30)`` is a ``DTensor`` sharded by rows over the ranks (5 + 5 on 2
 ranks); with a replicated vector and a step number it is written by
-:func:`~dtrain_lab.recovery.dcp_save` to ``ROOT/step_00000007`` (every rank its own rows, rank 0
+:func:`~dtrain_lab.resilience.recovery.dcp_save` to ``ROOT/step_00000007`` (every rank its own rows, rank 0
 the ``COMMIT`` file). Then the watchdog part: every rank sends heartbeats for steps 1-3; at step 4
 rank 1 stalls for ``STALL`` seconds (fault injection, ``DTRAIN_FAIL_MODE=stall``) while rank 0 keeps
-beating and runs a :class:`~dtrain_lab.recovery.Watchdog` with ``stale_after=STALE`` seconds.
+beating and runs a :class:`~dtrain_lab.resilience.recovery.Watchdog` with ``stale_after=STALE`` seconds.
 
 ``load``: the matrix is a zero ``DTensor`` sharded over *this* world (4 + 4 + 2 rows on 3 ranks);
-:func:`~dtrain_lab.recovery.dcp_load` fills it from the newest committed folder (DCP reshards).
+:func:`~dtrain_lab.resilience.recovery.dcp_load` fills it from the newest committed folder (DCP reshards).
 
 Reports: ``local`` (this rank's rows), ``full`` (the whole matrix), ``vec``, ``step``, and on rank 0
 of ``save`` ``watchdog`` (what the watchdog reported).
@@ -24,7 +24,8 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from dtrain_lab import recovery, runtime
+from dtrain_lab.resilience import recovery
+from dtrain_lab.jobs import runtime
 
 ROWS, COLS, STEP = 10, 3, 7
 

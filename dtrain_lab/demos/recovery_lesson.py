@@ -1,7 +1,7 @@
 """In-process helpers for lesson 09 (checkpointing and failure recovery), in a world of one.
 
 :func:`parts` builds a small training run (dropout, Adam, StepLR, a
-:class:`~dtrain_lab.recovery.ResumableDistributedSampler`, inputs jittered by Python ``random``,
+:class:`~dtrain_lab.resilience.recovery.ResumableDistributedSampler`, inputs jittered by Python ``random``,
 NumPy and torch) and :func:`train` runs it; :func:`interrupted` stops it after ``stop_at`` steps,
 saves the captured state, loads it into fresh objects (whose generators were re-seeded, as a new
 process would), optionally leaving a part out, and trains on. Compare the result with an
@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from dtrain_lab import recovery
+from dtrain_lab.resilience import recovery
 from dtrain_lab.data import regression_dataset
 
 BATCH, EPOCHS = 4, 3

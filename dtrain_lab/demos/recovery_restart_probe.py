@@ -1,6 +1,6 @@
 """Why a torchrun restart can fail to connect: the previous attempt's keys are still in the store.
 
-    python -c "import dtrain_lab; print(dtrain_lab.launch('dtrain_lab.demos.recovery_restart_probe',
+    python -c "import dtrain_lab; print(dtrain_lab.jobs.launch('dtrain_lab.demos.recovery_restart_probe',
                nproc=2, args=['plain'], max_restarts=2, env={'DTRAIN_PG_TIMEOUT': '10'}).summary())"
 
 Attempt 0: every rank joins, rank 1 exits (code 3) at step 2 of 4 all-reduces; torchrun restarts
@@ -10,7 +10,7 @@ whole job) for gloo's peer-address keys ``default_pg/0//cpu//0/<rank>``, then jo
 * ``plain`` — ``dist.init_process_group("gloo")`` as PyTorch does it: the keys of attempt 0 are
   found, and a rank that reads its peer's *old* address before the peer rewrote it fails with
   "Gloo connectFullMesh failed ... Connection refused" (or retries until the time-out);
-* ``runtime`` — :func:`dtrain_lab.runtime.init`: attempt ``n`` uses the prefix
+* ``runtime`` — :func:`dtrain_lab.jobs.runtime.init`: attempt ``n`` uses the prefix
   ``dtrain_attempt_<n>/``, an empty key space; the restart joins every time.
 
 Reports per attempt: ``attempt``, ``master_port``, ``stale_keys`` (old keys seen before joining),
@@ -24,7 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 
 GLOO_KEYS = "default_pg/0//cpu//0/{}"
 

@@ -2,15 +2,15 @@
 
     torchrun --standalone --nproc-per-node 2 --max-restarts 2 -m dtrain_lab.demos.recovery_train CKPT_DIR
     # with a fault: DTRAIN_FAIL_AT_STEP=7 DTRAIN_FAIL_RANK=1 DTRAIN_FAIL_MODE=sigkill \\
-    #               DTRAIN_FAIL_ONCE_FILE=/tmp/failed_once  torchrun ... (see dtrain_lab.recovery.FAIL_ENV)
+    #               DTRAIN_FAIL_ONCE_FILE=/tmp/failed_once  torchrun ... (see dtrain_lab.resilience.recovery.FAIL_ENV)
 
 Arguments: ``CKPT_DIR [STEPS_PER_CKPT=5] [EPOCHS=3]``. A small model with dropout (so every rank's
 RNG matters) trains with PyTorch's DDP, SGD with momentum and weight decay (optimizer state), a
-StepLR schedule and a :class:`~dtrain_lab.recovery.ResumableDistributedSampler` over 64 samples
+StepLR schedule and a :class:`~dtrain_lab.resilience.recovery.ResumableDistributedSampler` over 64 samples
 (4 per rank per step: 8 steps per epoch). Every step also draws from Python ``random`` and NumPy
 (input jitter), so all four generators must come back. Every ``STEPS_PER_CKPT`` steps the state
 is captured on every rank and rank 0 saves it atomically (keeping 2). At start-up rank 0 picks
-:func:`~dtrain_lab.recovery.latest` and every rank restores it.
+:func:`~dtrain_lab.resilience.recovery.latest` and every rank restores it.
 
 One trap this program avoids: ``iter(DataLoader)`` draws a base seed from the *global* torch RNG
 (``torch/utils/data/dataloader.py``, ``_base_seed``) each time an epoch starts, so a run resumed
@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from dtrain_lab import recovery, runtime
+from dtrain_lab.resilience import recovery
+from dtrain_lab.jobs import runtime
 from dtrain_lab.data import regression_dataset
 
 BATCH, N_SAMPLES, LR = 4, 64, 0.05

@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.tp_run
 
 Every rank builds the same full layers from the same seed (``nn.Linear``, ``dtrain_lab.models.Block``
-with d=32, 2 heads), keeps its shard (:mod:`dtrain_lab.tensor_parallel`), runs forward and backward on
+with d=32, 2 heads), keeps its shard (:mod:`dtrain_lab.parallel.tensor`), runs forward and backward on
 the same input, and compares with the full layer run locally: the output, the input's gradient and
 every parameter's gradient (shards All-Gathered back). Collectives are counted with PyTorch's
 ``CommDebugMode``, separately for forward and backward. Then the same MLP through PyTorch's
@@ -19,10 +19,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 from dtrain_lab.i18n import LabError
 from dtrain_lab.models import Block, seeded
-from dtrain_lab.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TensorParallelAttention,
+from dtrain_lab.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, TensorParallelAttention,
                                         TensorParallelMLP, count_collectives, gather_shards, parallelize_block,
                                         parallelize_mlp_torch)
 

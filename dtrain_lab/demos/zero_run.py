@@ -22,9 +22,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 from dtrain_lab.models import TinyTransformer
-from dtrain_lab.zero import ShardedOptimizer, ZeroStage3, clip_grad_norm_per_shard_WRONG, ring_bytes
+from dtrain_lab.parallel.zero import ShardedOptimizer, ZeroStage3, clip_grad_norm_per_shard_WRONG, ring_bytes
 
 PER_RANK_BATCH = 4
 LR = 1e-2

@@ -21,9 +21,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..i18n import get_lang
-from . import registry, trace
-from .registry import Exercise, add_hidden_check, problem, register  # noqa: F401
+from dtrain_lab.i18n import get_lang
+from dtrain_lab.grading import registry, trace
+from dtrain_lab.grading.registry import Exercise, add_hidden_check, problem, register  # noqa: F401
 
 OUTCOMES = ("pass", "wrong", "crash", "hang", "error")
 
@@ -74,7 +74,7 @@ def _describe_mismatch(mismatch, lang: str) -> str:
 
 
 def _is_secondary(exc: str) -> bool:
-    from ..launch import _is_secondary as secondary
+    from dtrain_lab.jobs.launch import _is_secondary as secondary
 
     return secondary(exc)
 
@@ -193,7 +193,7 @@ def _grade_static(ex: Exercise, path: Path, lang: str) -> Verdict:
 
 def _grade_launched(ex: Exercise, path: Path, lang: str, quiet: bool) -> Verdict:
     """Run the submission on every world size of the exercise through the harness."""
-    from ..launch import launch
+    from dtrain_lab.jobs.launch import launch
 
     title = ex.title[lang]
     elapsed = 0.0

@@ -45,7 +45,7 @@ def _shorten_pg_timeout(rt, seconds: float) -> None:
 
 
 def main() -> None:
-    from dtrain_lab import runtime
+    from dtrain_lab.jobs import runtime
     from dtrain_lab.grading import registry, trace
 
     exercise_id, path = sys.argv[1], sys.argv[2]
@@ -80,6 +80,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from dtrain_lab import runtime
+    from dtrain_lab.jobs import runtime
 
     runtime.entrypoint(main)

@@ -1,7 +1,7 @@
 """Lab 02 — gradient buckets by hand: what DDP does between ``loss.backward()`` and ``opt.step()``.
 
 Three exercises, each a function the learner writes in the lab notebook
-(``solutions/_source/lab_02_ddp.md``), following :mod:`dtrain_lab.ddp` and the PyTorch DDP paper
+(``solutions/_source/lab_02_ddp.md``), following :mod:`dtrain_lab.parallel.ddp` and the PyTorch DDP paper
 (Li et al., PVLDB 13(12), 2020, §3.2):
 
 1. ``build_buckets(params, cap_bytes) -> list[list[int]]``: DDP's bucket assignment (a pure
@@ -15,7 +15,7 @@ Three exercises, each a function the learner writes in the lab notebook
 The learner's file ends with a ``run()`` the grader calls in every rank. It hands the learner's
 function to a driver here (:func:`bucket_cases`, :func:`train`, :func:`train_overlap`) that returns
 what happened; the checks compare that with references computed here without any collective:
-DDP's bucket rule (:func:`reference_buckets`, the rule of ``dtrain_lab.ddp.DDP._build_buckets``, a
+DDP's bucket rule (:func:`reference_buckets`, the rule of ``dtrain_lab.parallel.ddp.DDP._build_buckets``, a
 test checks they agree; PyTorch's reducer closes buckets by the same rule when it rebuilds them in
 gradient-ready order after the first iteration) and single-process training on the global batch
 (which PyTorch's DDP equals: ``tests/test_ddp.py``). The harness's trace of every rank's collectives
@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .registry import Exercise, problem, register
+from dtrain_lab.grading.registry import Exercise, problem, register
 
 LAB = "lab_02"
 
@@ -49,7 +49,7 @@ LR = 0.1
 
 def lab_model():
     """``MLP(8, 16, 4, depth=2)``: six parameters of 512, 64, 1024, 64, 256 and 16 bytes."""
-    from ..models import MLP
+    from dtrain_lab.models import MLP
 
     return MLP(d_in=8, d_hidden=16, d_out=4, depth=2, seed=0)
 
@@ -58,7 +58,7 @@ PARAM_NAMES = [n for n, _ in lab_model().named_parameters()]
 
 
 def _dataset():
-    from ..data import regression_dataset
+    from dtrain_lab.data import regression_dataset
 
     return regression_dataset(n=48, d_in=8, d_out=4, seed=2)
 
@@ -69,7 +69,7 @@ def _nbytes(p: torch.Tensor) -> int:
 
 # ------------------------------------------------------------------ 1. the bucket rule
 def reference_buckets(params, cap_bytes: int) -> list[list[int]]:
-    """DDP's rule (``dtrain_lab.ddp.DDP._build_buckets``): walk the parameters in **reverse**
+    """DDP's rule (``dtrain_lab.parallel.ddp.DDP._build_buckets``): walk the parameters in **reverse**
     registration order (backward produces the gradients of the last layers first), append each to
     the open bucket, and close the bucket as soon as it holds at least ``cap_bytes`` bytes; what is
     left at the end is the last bucket. A parameter larger than the cap therefore closes the bucket
@@ -233,14 +233,14 @@ def _rank_world():
 
 
 def _device():
-    from .. import runtime
+    from dtrain_lab.jobs import runtime
 
     return runtime.current().device
 
 
 def _batch(step: int, rank: int | None, world: int):
     """The global batch of ``step`` (``rank=None``) or ``rank``'s shard of it."""
-    from ..data import global_batch, shard
+    from dtrain_lab.data import global_batch, shard
 
     batch = global_batch(_dataset(), step, GLOBAL_BATCH)
     return batch if rank is None else shard(batch, rank, world)
@@ -395,7 +395,7 @@ def _allreduces_so_far() -> int | None:
     """All-reduces this rank has issued so far, read from the grader's trace of this rank (one line
     per collective, written when the call starts: :mod:`dtrain_lab.grading.trace`, at the path the
     harness gives it). ``None`` outside the grader."""
-    from . import trace
+    from dtrain_lab.grading import trace
 
     if not getattr(dist.all_reduce, "__dtrain_traced__", False):
         return None

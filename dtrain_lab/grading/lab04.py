@@ -14,7 +14,7 @@ Two exercises, each a function the learner writes in the lab notebook
 
 As in lab 02 the learner's file ends with a ``run()`` that hands the function to a driver here
 (:func:`sparse_cases`, :func:`ef_cases`); the checks recompute every rank's inputs locally and
-compare with :func:`dtrain_lab.compression.topk_sparse_allreduce` (the course's reference), run on
+compare with :func:`dtrain_lab.parallel.compression.topk_sparse_allreduce` (the course's reference), run on
 a stand-in process group that replays what every rank contributes: no collective in the checks.
 The harness's trace of collectives is checked too: an all-reduce of an integer tensor (indices
 summed) or of a dense gradient-sized tensor (no compression at all) is explained and fails.
@@ -26,8 +26,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..compression import CommState, payload_bytes, topk_select, topk_sparse_allreduce
-from .registry import Exercise, problem, register
+from dtrain_lab.parallel.compression import CommState, payload_bytes, topk_select, topk_sparse_allreduce
+from dtrain_lab.grading.registry import Exercise, problem, register
 
 LAB = "lab_04"
 
@@ -63,7 +63,7 @@ def _rank_world():
 
 
 def _device():
-    from .. import runtime
+    from dtrain_lab.jobs import runtime
 
     return runtime.current().device
 

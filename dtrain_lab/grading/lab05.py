@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .registry import Exercise, problem, register
+from dtrain_lab.grading.registry import Exercise, problem, register
 
 LAB = "lab_05"
 
@@ -49,7 +49,7 @@ CLIP_RTOL, CLIP_ATOL = 1e-5, 1e-7   # clipping with or without clip_grad_norm_'s
 
 def lab_model():
     """``MLP(4, 8, 3, depth=2)`` in float64: 139 parameters (a prime: no world size divides it)."""
-    from ..models import MLP
+    from dtrain_lab.models import MLP
 
     return MLP(d_in=4, d_hidden=8, d_out=3, depth=2, seed=0).double()
 
@@ -60,13 +60,13 @@ NUMEL = sum(PARAM_NUMELS)   # 139
 
 
 def _dataset():
-    from ..data import regression_dataset
+    from dtrain_lab.data import regression_dataset
 
     return regression_dataset(n=48, d_in=4, d_out=3, seed=5)
 
 
 def _device():
-    from .. import runtime
+    from dtrain_lab.jobs import runtime
 
     return runtime.current().device
 
@@ -233,7 +233,7 @@ register(Exercise(
 
 # ------------------------------------------------------------------ 2. ZeRO-1 Adam
 def _batch(step: int, rank: int | None, world: int):
-    from ..data import global_batch, shard
+    from dtrain_lab.data import global_batch, shard
 
     x, y = global_batch(_dataset(), step, GLOBAL_BATCH)
     batch = (x.double(), y.double())

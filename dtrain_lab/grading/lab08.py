@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .registry import Exercise, problem, register
+from dtrain_lab.grading.registry import Exercise, problem, register
 
 LAB = "lab_08"
 T_F, T_B = 1, 2          # the simulation's durations: a backward costs about twice a forward
@@ -357,7 +357,7 @@ CUT = 4                # stage 0 = layers[:CUT], stage 1 = layers[CUT:]
 
 def lab_model():
     """``MLP(4, 8, 3, depth=3)`` in float64: Linear, ReLU, Linear, ReLU | Linear, ReLU, Linear."""
-    from ..models import MLP
+    from dtrain_lab.models import MLP
 
     return MLP(d_in=4, d_hidden=8, d_out=3, depth=3, seed=0).double()
 
@@ -373,7 +373,7 @@ def stage_layers(model, s: int, p: int = 2) -> torch.nn.Sequential:
 
 
 def micro_batches(step: int):
-    from ..data import global_batch, regression_dataset
+    from dtrain_lab.data import global_batch, regression_dataset
 
     x, y = global_batch(regression_dataset(n=48, d_in=4, d_out=3, seed=8), step, M * MICRO)
     return list(x.double().chunk(M)), list(y.double().chunk(M))

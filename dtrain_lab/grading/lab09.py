@@ -8,7 +8,7 @@ Two exercises, written by the learner in ``solutions/_source/lab_09_recovery.md`
    that writes half of the bytes and raises :class:`SimulatedCrash`), then saves again. The checks
    judge the behaviour (what ``path`` holds after each call, which files are left over) and the
    durability calls the learner's code made (``os.fsync`` of the data before ``os.replace``, then
-   of the directory): the POSIX recipe, as ``dtrain_lab.recovery.save`` does it.
+   of the directory): the POSIX recipe, as ``dtrain_lab.resilience.recovery.save`` does it.
 2. ``train()``: the lab's 2-rank DDP job (:class:`Job`: a model with dropout, SGD with momentum, a
    StepLR schedule, each rank's own dropout stream) must checkpoint and resume so that a run that is
    killed and restarted by torchrun (``--max-restarts 1``) ends with **the same parameters** as an
@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .registry import Exercise, problem, register
+from dtrain_lab.grading.registry import Exercise, problem, register
 
 LAB = "lab_09"
 FAULT_ENV = "DTRAIN_LAB09_FAULT"          # "kill_rank1_step6" | "kill_rank0_in_save2" | unset
@@ -264,14 +264,14 @@ def lab_model() -> nn.Module:
 
 
 def _dataset():
-    from ..data import regression_dataset
+    from dtrain_lab.data import regression_dataset
 
     return regression_dataset(n=64, d_in=6, d_out=2, seed=9)
 
 
 def batch(step: int, rank: int, world: int):
     """Rank ``rank``'s share of global batch ``step`` (a pure function of the step)."""
-    from ..data import global_batch, shard
+    from dtrain_lab.data import global_batch, shard
 
     return shard(global_batch(_dataset(), step, GLOBAL_BATCH), rank, world)
 
@@ -302,7 +302,7 @@ class Job:
     def __init__(self):
         from torch.nn.parallel import DistributedDataParallel
 
-        from .. import runtime
+        from dtrain_lab.jobs import runtime
 
         rt = runtime.current()
         self.rank, self.world_size = rt.rank, rt.world_size

@@ -1,7 +1,7 @@
 """Lab 10 — deadlocks: eight broken distributed programs drawn from real failure modes.
 
 Each exercise's contract is a function ``run()`` that the grader calls in every rank after the
-process group is up (``torch.distributed`` is initialised; ``dtrain_lab.runtime.current()`` tells
+process group is up (``torch.distributed`` is initialised; ``dtrain_lab.jobs.runtime.current()`` tells
 the rank). The checks below compute the right answer independently and compare; the grader also
 compares every rank's sequence of collectives, so a "fix" that deadlocks only sometimes, or that
 silently combines the wrong tensors, fails every time.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import Exercise, problem, register
+from dtrain_lab.grading.registry import Exercise, problem, register
 
 LAB = "lab_10"
 

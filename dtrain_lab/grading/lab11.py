@@ -8,7 +8,7 @@ rejects. The sixth exercise, ``eval_timeout``, is a program: the harness runs it
 process-group timeout, so only a real fix finishes.
 
 The machines are described in the lab notebook (solutions/_source/lab_11_nccl.md); the constants
-below are the same machines, as data. Facts about variables come from ``dtrain_lab.nccl_vars``
+below are the same machines, as data. Facts about variables come from ``dtrain_lab.nccl.vars``
 (the official documentation); a few come from NCCL's source where the docs are silent, and say so.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..nccl import EnvFileError, lint_env, nccl_list_selects, parse_env_file
-from ..nccl_vars import VARS
-from .registry import Exercise, problem, register
+from dtrain_lab.nccl import EnvFileError, lint_env, nccl_list_selects, parse_env_file
+from dtrain_lab.nccl.vars import VARS
+from dtrain_lab.grading.registry import Exercise, problem, register
 
 LAB = "lab_11"
 

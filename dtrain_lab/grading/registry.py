@@ -73,7 +73,7 @@ def add_hidden_check(exercise_id: str, check: Check) -> None:
 def get(exercise_id: str) -> Exercise:
     _load_builtin()
     if exercise_id not in _REGISTRY:
-        from ..i18n import LabError
+        from dtrain_lab.i18n import LabError
 
         raise LabError("unknown_exercise", id=exercise_id, known=", ".join(sorted(_REGISTRY)))
     return _REGISTRY[exercise_id]
@@ -95,12 +95,12 @@ def _load_builtin() -> None:
     import importlib
     import os
 
-    from . import lab10  # noqa: F401  (registers its exercises)
-    from . import lab11  # noqa: F401
-    from . import lab02, lab04  # noqa: F401
-    from . import lab05  # noqa: F401
-    from . import lab08  # noqa: F401
-    from . import lab09  # noqa: F401
+    from dtrain_lab.grading import lab10  # noqa: F401  (registers its exercises)
+    from dtrain_lab.grading import lab11  # noqa: F401
+    from dtrain_lab.grading import lab02, lab04  # noqa: F401
+    from dtrain_lab.grading import lab05  # noqa: F401
+    from dtrain_lab.grading import lab08  # noqa: F401
+    from dtrain_lab.grading import lab09  # noqa: F401
 
     for name in filter(None, os.environ.get("DTRAIN_HIDDEN_CHECKS", "").split(",")):
         importlib.import_module(name.strip())

@@ -1,4 +1,4 @@
-"""One launch, many checks: dtrain_lab.compression's hooks against PyTorch's, against hand-computed
+"""One launch, many checks: dtrain_lab.parallel.compression's hooks against PyTorch's, against hand-computed
 values, and their byte counts against the torch.distributed calls they really make.
 
 Launched by tests/test_compression.py at world sizes 2 and 3 (the training comparison of error
@@ -19,10 +19,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
 from torch.nn.parallel import DistributedDataParallel
 
-from dtrain_lab import compression as C
-from dtrain_lab import runtime
+from dtrain_lab.parallel import compression as C
+from dtrain_lab.jobs import runtime
 from dtrain_lab.data import global_batch, regression_dataset, shard
-from dtrain_lab.ddp import DDP
+from dtrain_lab.parallel.ddp import DDP
 from dtrain_lab.models import MLP
 
 STEPS = 5

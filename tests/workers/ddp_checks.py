@@ -1,4 +1,4 @@
-"""One launch, many checks: dtrain_lab.ddp.DDP against PyTorch's DistributedDataParallel and against
+"""One launch, many checks: dtrain_lab.parallel.ddp.DDP against PyTorch's DistributedDataParallel and against
 one process trained on the whole global batch.
 
 Launched by tests/test_ddp.py at world sizes 2 and 3. For every case the same seed builds three
@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
-from dtrain_lab import runtime
+from dtrain_lab.jobs import runtime
 from dtrain_lab.data import classification_dataset, global_batch, regression_dataset, shard, token_dataset
-from dtrain_lab.ddp import DDP, DDPError, naive_allreduce_grads
+from dtrain_lab.parallel.ddp import DDP, DDPError, naive_allreduce_grads
 from dtrain_lab.models import MLP, BranchMLP, FrozenMLP, TiedMLP
 
 STEPS = 5
@@ -260,7 +260,7 @@ def check_group_of_one(rank: int, world: int) -> dict:
 def check_buffer_broadcasts(rank: int, world: int) -> dict:
     """When buffers are broadcast: before the first forward, and before a forward that follows a
     synchronised training forward -- never because of an eval/no_grad forward (PyTorch's rule)."""
-    from dtrain_lab.ddp import DDP
+    from dtrain_lab.parallel.ddp import DDP
 
     torch.manual_seed(rank)   # different BatchNorm running stats per rank before the broadcast
     model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))

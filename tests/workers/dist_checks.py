@@ -11,8 +11,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from dtrain_lab import runtime
-from dtrain_lab.collectives import naive_all_reduce, ring_all_reduce
+from dtrain_lab.jobs import runtime
+from dtrain_lab.comm.collectives import naive_all_reduce, ring_all_reduce
 
 SHAPES = [(1,), (2,), (3,), (5,), (7,), (1000,), (1001,), (4097,), (3, 5), (2, 3, 7)]
 

@@ -1,7 +1,7 @@
 """Hang diagnosis: read the Python stacks a launch collects from every rank and say where each waits.
 
 On a time-out :func:`dtrain_lab.launch` sends ``SIGUSR1`` to every rank; the ``faulthandler``
-registered in each rank at start-up (``dtrain_lab/_inject/sitecustomize.py``) writes every thread's
+registered in each rank at start-up (``dtrain_lab/jobs/_inject/sitecustomize.py``) writes every thread's
 stack, even while the rank is blocked inside a C++ collective. This module turns such a dump into
 one line per rank: the collective (or other call) it waits in, and the line of the program that
 called it.
@@ -136,7 +136,7 @@ _EXCEPTION_PATTERNS = (
 
 
 def diagnose(result, lang: str | None = None) -> list[str]:
-    """What a :class:`~dtrain_lab.launch.LaunchResult` of a failed or hung job most likely means.
+    """What a :class:`~dtrain_lab.jobs.launch.LaunchResult` of a failed or hung job most likely means.
 
     Reads the same evidence an engineer would: which collective each rank of a hung job waits in
     (different collectives: the ranks' programs diverged; one rank outside any collective: it is
@@ -145,7 +145,7 @@ def diagnose(result, lang: str | None = None) -> list[str]:
     DDP's unused-parameter error, a busy port, a size mismatch, a process-group timeout).
     Returns one hint per line, in the learner's language; empty for a job that ended well.
     """
-    from .i18n import tr
+    from dtrain_lab.i18n import tr
 
     hints: list[str] = []
     if getattr(result, "hung", False):
@@ -174,7 +174,7 @@ def diagnose(result, lang: str | None = None) -> list[str]:
             hints.append(tr(key, lang, rank=result.first_failure))
             break
     if not hints:
-        from .launch import _is_secondary
+        from dtrain_lab.jobs.launch import _is_secondary
 
         key = "diag_secondary" if _is_secondary(message) else "diag_first_failure"
         hints.append(tr(key, lang, rank=result.first_failure))
@@ -197,7 +197,7 @@ def reproduce_address_in_use(timeout: float = 120.0) -> tuple[int, str]:
     import sys
     import uuid
 
-    from .launch import PACKAGE_PARENT
+    from dtrain_lab.jobs.launch import PACKAGE_PARENT
 
     with socket.socket() as busy:            # "the first job": holds the port while torchrun starts
         busy.bind(("127.0.0.1", 0))
@@ -212,7 +212,7 @@ def reproduce_address_in_use(timeout: float = 120.0) -> tuple[int, str]:
         try:
             _, stderr = proc.communicate(timeout=timeout)
         finally:                              # never leave the agent or its worker behind
-            from ._procs import kill_job
+            from dtrain_lab.jobs._procs import kill_job
 
             kill_job(job_id, proc)
     errors = [ln for ln in stderr.splitlines() if "Error" in ln and ":" in ln]

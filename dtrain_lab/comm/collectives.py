@@ -167,7 +167,7 @@ def measure_collective(name: str, nbytes: int, *, device="cpu", group=None, min_
     ``nbytes`` is the whole gathered array, as nccl-tests counts it). Every rank must call it with the
     same arguments. Returns seconds per call (best of ``repeats`` averages, slowest rank) and
     algbw/busbw."""
-    from .perfmodel import bus_bandwidth
+    from dtrain_lab.perfmodel import bus_bandwidth
 
     r, p = _world(group)
     numel = max(p, nbytes // 4)

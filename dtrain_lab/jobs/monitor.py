@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
-from .i18n import LabError, tr
+from dtrain_lab.i18n import LabError, tr
 
 PHASES = ("data", "compute", "comm", "optimizer")
 COLLECTIVE_PATTERNS = ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter",

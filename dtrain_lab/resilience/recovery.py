@@ -1,6 +1,6 @@
 """Surviving failures: atomic checkpoints, exact resume, fault injection and a heartbeat watchdog.
 
-    from dtrain_lab import recovery
+    from dtrain_lab.resilience import recovery
 
     state = recovery.capture(model, opt, sched, sampler.position(batches_done, bs), step)
     if rank == 0:                           # capture() is collective: call it on every rank
@@ -33,7 +33,7 @@ What each piece guarantees, and how:
 * **Heartbeats** (:func:`heartbeat`, :class:`Watchdog`): every rank writes ``hb.<rank>`` (step,
   time, pid) each step; the watchdog names a rank whose heartbeat is older than ``stale_after``.
 
-Elastic restarts (``launch(..., max_restarts=N)``): see :mod:`dtrain_lab.runtime` (``init``) for why
+Elastic restarts (``launch(..., max_restarts=N)``): see :mod:`dtrain_lab.jobs.runtime` (``init``) for why
 every restarted attempt must use its own key prefix in torchrun's shared TCPStore.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ from typing import Any, Callable
 
 import torch
 
-from .i18n import LabError, both
+from dtrain_lab.i18n import LabError, both
 
 __all__ = [
     "save", "load", "latest", "checkpoints", "verify", "CheckpointError",

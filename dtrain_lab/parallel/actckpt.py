@@ -92,7 +92,7 @@ def measure(*, checkpointed: bool, batch: int = 8, seq: int = 16, d: int = 64, n
     ``block_forwards`` (calls of the blocks' forward: doubled by checkpointing), ``seconds``
     (fastest of ``repeats`` forward+backward), ``grads`` (the gradients, to compare runs).
     """
-    from .models import Block, TinyTransformer
+    from dtrain_lab.models import Block, TinyTransformer
 
     model = TinyTransformer(vocab=vocab, d=d, n_heads=2, n_layers=n_layers, max_len=seq, seed=seed)
     if checkpointed:

@@ -12,7 +12,7 @@ loopback port. This is exactly what happens on a cluster, minus the network:
   enumerate(sorted(state.participants))``). A worker learns its node from ``GROUP_RANK``; its
   global rank is ``GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK``.
 
-  Consequence for :class:`~dtrain_lab.launch.LaunchResult`: each launch numbers its ranks
+  Consequence for :class:`~dtrain_lab.jobs.launch.LaunchResult`: each launch numbers its ranks
   ``node_rank * nproc + local_rank``, a guess that is wrong whenever the rendezvous gave the node
   another group rank. :class:`NodesResult` therefore rebuilds the job's ranks from what the workers
   themselves recorded (their ``RANK``), not from the requested ``node_rank``.
@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .i18n import LabError, tr
+from dtrain_lab.i18n import LabError, tr
 
 # =============================================================================== part 1: local nodes
 
@@ -89,7 +89,7 @@ class NodeInfo:
     requested_rank: int                  # the node_rank passed to launch() (c10d ignores it)
     group_rank: int | None               # the node rank the rendezvous assigned (None: never started)
     ranks: list[int]                     # global ranks of its workers, from what they recorded
-    result: Any                          # its dtrain_lab.launch.LaunchResult
+    result: Any                          # its dtrain_lab.jobs.launch.LaunchResult
     stopped: bool = False                # killed by run_local_nodes because another node had failed
 
 
@@ -114,7 +114,7 @@ class NodesResult:
 
     def gathered(self, key: str) -> list:
         """``metrics[r][key]`` for every rank of the whole job, in global-rank order."""
-        from .launch import gathered
+        from dtrain_lab.jobs.launch import gathered
 
         return gathered(self.ranks, key)
 
@@ -201,7 +201,7 @@ def _remap(result, nproc: int, requested_rank: int) -> tuple[int | None, list[in
     """Rank results of one node launch renumbered with the ranks its workers really had."""
     import json
 
-    from .launch import load_reports
+    from dtrain_lab.jobs.launch import load_reports
 
     true_ranks = _node_ranks(result.log_dir)
     guessed_base = requested_rank * nproc
@@ -242,7 +242,7 @@ def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence
     starts first: with c10d the earlier agent (lower pid) becomes group rank 0, whatever its
     ``node_rank``.
     """
-    from .launch import launch
+    from dtrain_lab.jobs.launch import launch
 
     if not isinstance(nnodes, int) or isinstance(nnodes, bool) or nnodes < 1:
         raise LabError("cl_bad_int", field="nnodes", value=nnodes, lo=1)
@@ -422,7 +422,7 @@ class ClusterJob:
                 raise LabError("cl_env_name", name=k)
             if k in RESERVED_ENV or k.startswith("PET_") or k.startswith("TORCHELASTIC_"):
                 raise LabError("cl_env_reserved", name=k)
-        from .nccl import lint_env
+        from dtrain_lab.nccl import lint_env
 
         for f in lint_env(self.env):
             if f.severity == "error":

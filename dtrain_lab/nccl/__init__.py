@@ -1,7 +1,7 @@
 """NCCL / PyTorch-distributed environment: a linter for settings and a doctor for the machine.
 
 * ``lint_env(mapping)`` checks environment variables (``os.environ`` or an ``.env`` file read with
-  ``parse_env_file``) against the knowledge base in ``dtrain_lab.nccl_vars``: unknown names with a
+  ``parse_env_file``) against the knowledge base in ``dtrain_lab.nccl.vars``: unknown names with a
   did-you-mean, names nothing reads (``NCCL_TIMEOUT``), renamed / deprecated / removed variables,
   invalid values and contradictory combinations. Every finding is bilingual and, where it rests on
   a document, carries the URL of that document.
@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import i18n
-from .nccl_vars import (ALGORITHMS, BUILD_NAMES, NCCL_ENV, NCCL_LOGGING, NCCL_NET_TROUBLESHOOTING,
+from dtrain_lab import i18n
+from dtrain_lab.nccl.vars import (ALGORITHMS, BUILD_NAMES, NCCL_ENV, NCCL_LOGGING, NCCL_NET_TROUBLESHOOTING,
                         NCCL_RUNTIME_TROUBLESHOOTING, NOT_VARIABLES, NOT_VARIABLES_SOURCE, PREFIXES,
                         PROTOCOLS, PT_C10D_UTILS_HPP, PT_DEBUG_ENV, PT_DISTRIBUTED,
                         PT_FLIGHT_RECORDER_HPP, PT_NCCL_ENV, PT_PGNCCL_HPP, SUBSYSTEMS, VARS,

@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .i18n import LabError
+from dtrain_lab.i18n import LabError
 
 __all__ = ["ShardedOptimizer", "ZeroStage3", "clip_grad_norm_per_shard_WRONG", "default_units",
            "ring_bytes"]

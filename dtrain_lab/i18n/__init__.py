@@ -216,7 +216,7 @@ MESSAGES["unknown_exercise"] = {
     "zh": "没有名为 {id!r} 的练习。现有练习：{known}。",
 }
 
-# --- hang / failure diagnosis (dtrain_lab.debug.diagnose) --------------------------------------
+# --- hang / failure diagnosis (dtrain_lab.jobs.diagnose.diagnose) --------------------------------------
 MESSAGES.update({
     "diag_startup": {
         "en": "The ranks never finished starting: a rank did not reach init_process_group, or the "
@@ -297,7 +297,7 @@ MESSAGES.update({
     },
 })
 
-# --- ZeRO memory model / FSDP2 (dtrain_lab.perfmodel.zero_*, dtrain_lab.fsdp) -----------------
+# --- ZeRO memory model / FSDP2 (dtrain_lab.perfmodel.zero_*, dtrain_lab.parallel.fsdp) -----------------
 MESSAGES.update({
     "zero_bad_params": {
         "en": "num_params (the model's parameter count Ψ) must be a positive number, got {value!r}.",
@@ -394,7 +394,7 @@ MESSAGES.update({
     },
 })
 
-# --- DeepSpeed (dtrain_lab.deepspeed_lab, lesson 06) ------------------------------------------
+# --- DeepSpeed (dtrain_lab.parallel.deepspeed_lab, lesson 06) ------------------------------------------
 MESSAGES.update({
     "ds_bad_stage": {
         "en": "ZeRO stage {value!r} does not exist: choose 0 (plain data parallelism), 1 (optimizer state "
@@ -462,9 +462,9 @@ MESSAGES.update({
     },
     "ds_op_build_failed": {
         "en": "DeepSpeed could not compile one of its C++/CUDA ops on this machine ({detail}). Run "
-              "`python -m dtrain_lab.deepspeed_lab --probe` to see which ops need a compiler or a GPU.",
+              "`python -m dtrain_lab.parallel.deepspeed_lab --probe` to see which ops need a compiler or a GPU.",
         "zh": "DeepSpeed 无法在这台机器上编译它的某个 C++/CUDA 算子（{detail}）。运行 "
-              "`python -m dtrain_lab.deepspeed_lab --probe` 看哪些算子需要编译器或 GPU。",
+              "`python -m dtrain_lab.parallel.deepspeed_lab --probe` 看哪些算子需要编译器或 GPU。",
     },
     "ds_rejected": {
         "en": "DeepSpeed rejects this config: {detail}",
@@ -478,7 +478,7 @@ MESSAGES.update({
     },
 })
 
-# --- tensor / model parallelism (dtrain_lab.tensor_parallel, dtrain_lab.model_parallel) -------
+# --- tensor / model parallelism (dtrain_lab.parallel.tensor, dtrain_lab.parallel.model) -------
 MESSAGES.update({
     "tp_uneven": {
         "en": "Tensor parallelism splits {what} evenly: {n} is not divisible by the tensor-parallel size {tp}. "
@@ -515,7 +515,7 @@ MESSAGES.update({
     },
 })
 
-# --- pipeline parallel (dtrain_lab.pipeline) and parallel dimensions (dtrain_lab.parallel_dims) ----
+# --- pipeline parallel (dtrain_lab.parallel.pipeline) and parallel dimensions (dtrain_lab.parallel.dims) ----
 MESSAGES.update({
     "pp_bad_int": {
         "en": "{name} must be an integer ≥ {minimum}, got {value!r}.",
@@ -587,7 +587,7 @@ MESSAGES.update({
     },
     "pp_no_group": {
         "en": "A pipeline of {p} stages needs an initialised process group (one rank per stage); "
-              "start the program with torchrun or dtrain_lab.launch.",
+              "start the program with torchrun or dtrain_lab.jobs.launch.",
         "zh": "{p} 个阶段的流水线需要已初始化的进程组（每个阶段一个 rank）；请用 torchrun 或 dtrain_lab.launch 启动程序。",
     },
     "pp_group_mismatch": {
@@ -622,7 +622,7 @@ MESSAGES.update({
     },
 })
 
-# --- recovery: checkpoints, resume, fault injection, heartbeats (dtrain_lab.recovery) ----------
+# --- recovery: checkpoints, resume, fault injection, heartbeats (dtrain_lab.resilience.recovery) ----------
 MESSAGES.update({
     "rec_bad_step": {
         "en": "step must be an integer >= 0, got {value!r}.",
@@ -705,7 +705,7 @@ MESSAGES.update({
     },
 })
 
-# --- multi-node jobs (dtrain_lab.cluster) and mixed GPUs (dtrain_lab.hetero) ------------------
+# --- multi-node jobs (dtrain_lab.jobs.cluster) and mixed GPUs (dtrain_lab.parallel.hetero) ------------------
 MESSAGES.update({
     "cl_nodes_ok": {
         "en": "✓ {nnodes} nodes, {world} ranks in all, rendezvous at {endpoint}: every node finished (exit code 0)",

@@ -25,8 +25,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .data import regression_dataset, token_dataset
-from .models import MLP, TinyTransformer
+from dtrain_lab.data import regression_dataset, token_dataset
+from dtrain_lab.models import MLP, TinyTransformer
 
 __all__ = ["FORMATS", "one_thread", "format_table", "autocast_dtypes", "grad_census", "underflow_table",
            "train_losses", "step_time", "scaler_trace", "scaler_rule_violations", "plot_losses", "plot_scaler_trace"]
@@ -275,7 +275,7 @@ def scaler_rule_violations(rows: list[dict], *, growth_interval: int, growth_fac
 # ------------------------------------------------------------------------------------ plots
 def plot_losses(curves: dict[str, list[float]], ax=None):
     """Loss per step, one line per precision (``{"fp32": [...], "bf16": [...]}``)."""
-    from .viz import label, new_figure
+    from dtrain_lab.viz import label, new_figure
 
     if ax is None:
         _, ax = new_figure(figsize=(7, 3.5))
@@ -290,7 +290,7 @@ def plot_losses(curves: dict[str, list[float]], ax=None):
 
 def plot_scaler_trace(rows: list[dict], ax=None):
     """The loss scale per step on a log2 axis; skipped steps (inf/NaN found) marked with a cross."""
-    from .viz import label, new_figure
+    from dtrain_lab.viz import label, new_figure
 
     if ax is None:
         _, ax = new_figure(figsize=(7, 3.5))

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .i18n import LabError, tr
+from dtrain_lab.i18n import LabError, tr
 
 
 @dataclass

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .i18n import LabError
+from dtrain_lab.i18n import LabError
 
 __all__ = ["CopyToTP", "ReduceFromTP", "GatherFromTP", "ScatterToTP", "f", "g",
            "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "TensorParallelAttention",

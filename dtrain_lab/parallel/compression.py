@@ -1,13 +1,13 @@
 """Gradient compression: send fewer bytes per step, and see what it costs the loss (lesson 04).
 
-Data parallelism all-reduces the whole gradient every step (see :mod:`dtrain_lab.ddp`). When the
+Data parallelism all-reduces the whole gradient every step (see :mod:`dtrain_lab.parallel.ddp`). When the
 network is the bottleneck, the ranks can send a *compressed* gradient instead. This module writes
 four compressors from scratch, each as a **DDP communication hook**::
 
     hook(state, bucket) -> torch.futures.Future[torch.Tensor]
 
 the interface of PyTorch's ``DistributedDataParallel.register_comm_hook(state, hook)``. The same
-hooks plug into our own :class:`dtrain_lab.ddp.DDP` (``ddp.register_comm_hook(state, hook)``).
+hooks plug into our own :class:`dtrain_lab.parallel.ddp.DDP` (``ddp.register_comm_hook(state, hook)``).
 A hook receives one bucket (``bucket.buffer()``: the flat gradient of some parameters, **not yet
 divided by the world size**; ``bucket.gradients()``: per-parameter views of it) and returns a future
 holding the bucket's averaged gradient.
@@ -80,8 +80,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .i18n import LabError
-from .perfmodel import busbw_factor, ring_bytes_sent
+from dtrain_lab.i18n import LabError
+from dtrain_lab.perfmodel import busbw_factor, ring_bytes_sent
 
 __all__ = [
     "CommState", "TopKState", "PowerSGDState", "payload_bytes", "wire_bytes",
@@ -565,7 +565,7 @@ def train_with_compression(method: str, steps: int = 200, *, ratio: float = 0.01
     inside a launched job (call it on every rank; see ``dtrain_lab.demos.compression_run``).
 
     Every step: each rank takes its shard (``per_rank_batch`` samples) of the global batch, backward runs the
-    hook through ``ddp`` ("ours": :class:`dtrain_lab.ddp.DDP`, "torch": PyTorch's
+    hook through ``ddp`` ("ours": :class:`dtrain_lab.parallel.ddp.DDP`, "torch": PyTorch's
     ``DistributedDataParallel``), then SGD. After each step the loss on the whole data set is
     evaluated locally (every replica holds the same parameters, so no communication is needed).
 
@@ -575,8 +575,8 @@ def train_with_compression(method: str, steps: int = 200, *, ratio: float = 0.01
     """
     import torch.nn.functional as F
 
-    from .data import global_batch, regression_dataset, shard
-    from .models import MLP, count_params
+    from dtrain_lab.data import global_batch, regression_dataset, shard
+    from dtrain_lab.models import MLP, count_params
 
     if method not in METHODS:
         raise LabError("compression_bad_method", value=method, choices=", ".join(METHODS))
@@ -586,7 +586,7 @@ def train_with_compression(method: str, steps: int = 200, *, ratio: float = 0.01
     model = MLP(16, d_hidden, 4, depth=2, seed=seed)
     state, hook = make_hook(method, ratio=ratio, rank=rank, start_iter=start_iter, seed=seed)
     if ddp == "ours":
-        from .ddp import DDP
+        from dtrain_lab.parallel.ddp import DDP
 
         net = DDP(model)
     else:

@@ -16,7 +16,7 @@ Why only one rank works at a time: rank ``r + 1`` cannot start before rank ``r``
 and rank ``r`` cannot run backward before rank ``r + 1``'s gradient comes back. With ``P`` ranks each
 is idle about ``(P - 1)/P`` of the step: memory is divided by ``P``, time is not. Cutting the batch
 into micro-batches so that rank 0 starts micro-batch 2 while rank 1 works on micro-batch 1 is
-pipeline parallelism (GPipe, 1F1B: lesson 08, :mod:`dtrain_lab.pipeline`).
+pipeline parallelism (GPipe, 1F1B: lesson 08, :mod:`dtrain_lab.parallel.pipeline`).
 
 One process can also drive several GPUs itself (:class:`MultiDeviceModel`: part ``i`` on
 ``devices[i]``, ``.to(next_device)`` between parts, autograd crosses the devices by itself); it is
@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .i18n import LabError
+from dtrain_lab.i18n import LabError
 
 __all__ = ["partition", "ModelParallelStage", "MultiDeviceModel", "train_model_parallel", "timeline_chart",
            "busy_fraction"]

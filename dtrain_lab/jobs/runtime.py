@@ -6,7 +6,7 @@ from the environment torchrun sets: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``python`` run) there is no such environment and :func:`init` gives a world of one, so the same
 library code runs unchanged::
 
-    from dtrain_lab import runtime
+    from dtrain_lab.jobs import runtime
 
     def main():
         rt = runtime.current()
@@ -50,7 +50,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .i18n import LabError
+from dtrain_lab.i18n import LabError
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_PG_TIMEOUT_S = 30.0

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .i18n import LabError
+from dtrain_lab.i18n import LabError
 
 __all__ = ["ParallelDims", "MESH_DIMS"]
 

@@ -16,11 +16,11 @@ What happens, in order:
    ``startup_timeout``; ``timeout`` counts from the moment the first rank's ``init_process_group``
    returned. A slow laptop is never called hung for a slow ``import torch``.
 4. On a time-out every rank is asked for its Python stack (``SIGUSR1`` -> ``faulthandler``, installed
-   in each rank by ``dtrain_lab/_inject/sitecustomize.py``, so programs that never import
+   in each rank by ``dtrain_lab/jobs/_inject/sitecustomize.py``, so programs that never import
    dtrain_lab are diagnosed too); the report says where each rank waits. Then every process of the
    job is killed and ``LaunchResult.hung`` is True.
 5. Ctrl-C / the notebook's stop button kills every process of the job and re-raises
-   ``KeyboardInterrupt``. No process of the job survives any path (:mod:`dtrain_lab._procs`).
+   ``KeyboardInterrupt``. No process of the job survives any path (:mod:`dtrain_lab.jobs._procs`).
 """
 from __future__ import annotations
 
@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from . import _procs
-from .debug import WaitSite, format_stack, wait_site
-from .i18n import LabError, get_lang, tr
+from dtrain_lab.jobs import _procs
+from dtrain_lab.jobs.diagnose import WaitSite, format_stack, wait_site
+from dtrain_lab.i18n import LabError, get_lang, tr
 
 INJECT_DIR = str(Path(__file__).resolve().parent / "_inject")
-PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
 MAX_LINE_CHARS = 4000
@@ -269,7 +269,7 @@ def _job_root() -> Path:
 def default_nproc() -> int:
     """The number of GPUs when there are two or more, else 2 CPU processes."""
     try:
-        from .runtime import gpu_count
+        from dtrain_lab.jobs.runtime import gpu_count
 
         gpus = gpu_count()
     except Exception:  # noqa: BLE001

@@ -41,7 +41,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 import torch.nn as nn
 
-from .i18n import LabError, get_lang, tr
+from dtrain_lab.i18n import LabError, get_lang, tr
 
 __all__ = ["Action", "SCHEDULES", "schedule", "validate", "peak_in_flight", "bubble_fraction",
            "simulate_timeline", "idle_fraction", "format_schedule", "split_sequential", "PipelineStage",

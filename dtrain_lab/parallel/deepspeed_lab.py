@@ -9,7 +9,7 @@ on 2 CPU processes needs:
 * :func:`make_config` — a valid config from a few keyword arguments, checked up front with
   bilingual errors (``train_batch_size = micro × accumulation × world size``, unknown stage, fp16
   on a machine that cannot run it, an optimizer that needs a compiled op or a GPU …).
-* :func:`initialize` — ``deepspeed.initialize`` on the process group :mod:`dtrain_lab.runtime`
+* :func:`initialize` — ``deepspeed.initialize`` on the process group :mod:`dtrain_lab.jobs.runtime`
   already opened (gloo on CPU, nccl on GPUs): DeepSpeed's ``init_distributed`` sees an initialised
   ``torch.distributed`` and reuses it (``deepspeed/comm/comm.py``).
 * :func:`train` / :func:`train_ddp` — the same model, seed and data under a DeepSpeed engine and
@@ -35,12 +35,12 @@ The first ``deepspeed.initialize`` of a process JIT-compiles a small C++ op (the
 shared-memory all-reduce, ``ShareMemCommBuilder``; g++ and 20-60 s). The build is cached in
 ``TORCH_EXTENSIONS_DIR``, which this module points at ``<checkout>/.torch_extensions`` unless it is
 already set (every launched rank imports this module, so they all use the same cache);
-``python -m dtrain_lab.deepspeed_lab --warm`` builds it once (``make env`` does).
+``python -m dtrain_lab.parallel.deepspeed_lab --warm`` builds it once (``make env`` does).
 
 Command line::
 
-    python -m dtrain_lab.deepspeed_lab --warm      # compile/cache the op
-    python -m dtrain_lab.deepspeed_lab --probe     # what this machine can run
+    python -m dtrain_lab.parallel.deepspeed_lab --warm      # compile/cache the op
+    python -m dtrain_lab.parallel.deepspeed_lab --probe     # what this machine can run
 """
 from __future__ import annotations
 
@@ -56,13 +56,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .i18n import LabError, get_lang
+from dtrain_lab.i18n import LabError, get_lang
 
 STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam", "adamw", "sgd", "fused_adam", "cpu_adam")
 OFFLOADS = (None, "cpu")
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]
 
 __all__ = ["make_config", "deepspeed_view", "initialize", "train", "train_ddp", "per_rank_state_bytes", "checkpoint_roundtrip",
            "probe_features", "extensions_dir", "warm", "count_tensor_bytes", "STAGES", "PRECISIONS", "OPTIMIZERS"]
@@ -107,7 +107,7 @@ def _ds():
         if "DS_ACCELERATOR" not in os.environ:
             device = "cpu"
             with contextlib.suppress(Exception):
-                from . import runtime
+                from dtrain_lab.jobs import runtime
 
                 rt = runtime._current
                 device = rt.device.type if rt is not None and hasattr(rt.device, "type") else (
@@ -194,7 +194,7 @@ def make_config(*, stage: int = 0, micro_batch: int = 8, grad_accum: int = 1, wo
         if not _is_int(value) or value < 1:
             raise LabError("ds_bad_positive_int", name=name, value=value)
     if world_size is None:
-        from . import runtime
+        from dtrain_lab.jobs import runtime
 
         world_size = runtime._current.world_size if runtime._current is not None else int(
             os.environ.get("WORLD_SIZE", "1") or 1)
@@ -312,7 +312,7 @@ def deepspeed_view(config: dict) -> dict:
 # ------------------------------------------------------------------------------ what needs a GPU
 def _why(feature: str, lang: str | None = None) -> str:
     """Why ``feature`` ("fp16", "fused_adam", "cpu_adam") is not usable here, in the learner's language."""
-    from .i18n import tr
+    from dtrain_lab.i18n import tr
 
     key = {"fp16": "ds_no_fp16", "fused_adam": "ds_no_fused_adam", "cpu_adam": "ds_why_cpu_adam"}[feature]
     return tr(key, lang)
@@ -331,7 +331,7 @@ def probe_features(lang: str | None = None) -> list[dict]:
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops
 
-    from .i18n import tr
+    from dtrain_lab.i18n import tr
 
     zh = (lang or get_lang()) == "zh"
     acc = get_accelerator()
@@ -377,7 +377,7 @@ def probe_features(lang: str | None = None) -> list[dict]:
 def initialize(model, config: dict, *, client_optimizer=None, model_parameters=None):
     """``deepspeed.initialize`` on the runtime's process group; returns the engine.
 
-    The runtime (:func:`dtrain_lab.runtime.current`) opens ``torch.distributed`` first (gloo on the
+    The runtime (:func:`dtrain_lab.jobs.runtime.current`) opens ``torch.distributed`` first (gloo on the
     CPU, nccl with one GPU per rank) and moves nothing; here the model goes to the runtime's device and
     DeepSpeed's ``init_distributed(dist_backend=...)`` finds the group initialised and wraps it
     (``dist_init_required=False``: it must not open a second one). ``client_optimizer`` (a
@@ -387,7 +387,7 @@ def initialize(model, config: dict, *, client_optimizer=None, model_parameters=N
     """
     import torch.distributed as dist
 
-    from . import runtime
+    from dtrain_lab.jobs import runtime
 
     rt = runtime.current()
     if not isinstance(config, dict):
@@ -547,13 +547,13 @@ def per_rank_state_bytes(engine) -> dict:
 # ------------------------------------------------------------------------------ training
 def make_model(seed: int = 0, d_hidden: int = 32):
     """``MLP(16, d_hidden, 4, depth=2)`` from ``seed``: the model of every run here (1732 parameters at 32)."""
-    from .models import MLP
+    from dtrain_lab.models import MLP
 
     return MLP(16, d_hidden, 4, depth=2, seed=seed)
 
 
 def _batches(step: int, micro: int, grad_accum: int, seed: int, rank: int, world: int):
-    from .data import global_batch, regression_dataset, shard
+    from dtrain_lab.data import global_batch, regression_dataset, shard
 
     data = regression_dataset(n=256, d_in=16, d_out=4, seed=seed)
     for m in range(grad_accum):
@@ -564,7 +564,7 @@ def _mean_over_ranks(value: float) -> float:
     import torch
     import torch.distributed as dist
 
-    from . import runtime
+    from dtrain_lab.jobs import runtime
 
     # NCCL reduces only GPU tensors; gloo only CPU ones: the runtime's device is the right one
     t = torch.tensor([float(value)], dtype=torch.float64, device=runtime.current().device)
@@ -595,7 +595,7 @@ def train_step(engine, step: int, micro: int, grad_accum: int, seed: int, measur
     backward, the rest after the step)."""
     import torch.nn.functional as F
 
-    from . import runtime
+    from dtrain_lab.jobs import runtime
 
     rt = runtime.current()
     losses, state = [], None
@@ -631,7 +631,7 @@ def train(stage: int = 0, steps: int = 10, seed: int = 0, *, micro_batch: int = 
     batch sizes, clipping, the optimizer class and the wrapper DeepSpeed put around it), ``step_seconds``
     (median time of a step after the first; it includes the state measurement of step 0 only) and ``engine``.
     """
-    from . import runtime
+    from dtrain_lab.jobs import runtime
 
     rt = runtime.current()
     config = make_config(stage=stage, micro_batch=micro_batch, grad_accum=grad_accum, world_size=rt.world_size,
@@ -665,7 +665,7 @@ def train_ddp(steps: int = 10, seed: int = 0, *, micro_batch: int = 8, grad_accu
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from . import runtime
+    from dtrain_lab.jobs import runtime
 
     rt = runtime.current()
     model = make_model(seed, d_hidden).to(rt.device)
@@ -745,7 +745,7 @@ def checkpoint_roundtrip(stage: int = 2, steps_before: int = 3, seed: int = 0, *
     """
     import torch.distributed as dist
 
-    from . import runtime
+    from dtrain_lab.jobs import runtime
 
     rt = runtime.current()
     root = ckpt_dir or _shared_tempdir()
@@ -830,7 +830,7 @@ def warm(verbose: bool = True) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m dtrain_lab.deepspeed_lab",
+    ap = argparse.ArgumentParser(prog="python -m dtrain_lab.parallel.deepspeed_lab",
                                  description="DeepSpeed helpers of dtrain-lab / dtrain-lab 的 DeepSpeed 工具")
     ap.add_argument("--warm", action="store_true", help="compile/cache DeepSpeed's op once / 预先编译并缓存算子")
     ap.add_argument("--probe", action="store_true", help="what this machine can run / 本机能跑什么")

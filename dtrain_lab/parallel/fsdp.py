@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .i18n import LabError
+from dtrain_lab.i18n import LabError
 
 __all__ = ["shard_model", "default_units", "make_mesh", "mixed_precision_policy", "sharded_state_bytes",
            "full_state_bytes", "save_checkpoint", "load_checkpoint", "full_state_dict", "checkpoint_complete",
@@ -70,7 +70,7 @@ def default_units(model: nn.Module) -> list[nn.Module]:
     """The submodules to shard one by one: every :class:`dtrain_lab.models.Block` if the model has
     any; otherwise each child that holds parameters, looking inside ``Sequential``/``ModuleList``
     containers (an :class:`~dtrain_lab.models.MLP` gives its ``Linear`` layers)."""
-    from .models import Block
+    from dtrain_lab.models import Block
 
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     if blocks:

@@ -46,7 +46,7 @@ arXiv:2006.15704:
    replaces the all-reduce of each bucket and returns a future of the averaged bucket. As in PyTorch
    the bucket then holds the gradients *not* divided by the world size (the hook divides), and
    ``bucket`` offers ``buffer()``, ``gradients()``, ``parameters()``, ``index()``, ``is_last()``, so
-   hooks written for PyTorch (``default_hooks``, ``powerSGD_hook``) and :mod:`dtrain_lab.compression`
+   hooks written for PyTorch (``default_hooks``, ``powerSGD_hook``) and :mod:`dtrain_lab.parallel.compression`
    run on either wrapper.
 
 What is left out compared with PyTorch: bucket rebuilding in gradient-ready order after the first
@@ -122,7 +122,7 @@ class DDPError(RuntimeError):
     """An error of :class:`DDP` whose message is bilingual: the learner's language first."""
 
     def __init__(self, key: str, **fields: Any):
-        from .i18n import get_lang
+        from dtrain_lab.i18n import get_lang
 
         self.key, self.fields = key, fields
         first = get_lang() if get_lang() in ("zh", "en") else "en"
@@ -616,7 +616,7 @@ def bench_ddp(repeats: int = 5, nproc: int = 2, steps: int = 20, d_hidden: int =
     block, blocks of each variant alternated ``repeats`` times). Also reported: ``no_overlap_s`` and
     ``naive_s`` (one all-reduce per parameter) with their ratios to PyTorch.
     """
-    from .launch import launch
+    from dtrain_lab.jobs.launch import launch
 
     r = launch("dtrain_lab.demos.ddp_step_time", nproc=nproc, timeout=timeout, quiet=True,
                args=[repeats, steps, d_hidden, depth, batch])

@@ -1,0 +1,1 @@
+"""See dtrain_lab/__init__.py for the layers."""
