@@ -146,7 +146,7 @@ def test_measured_model_state_bytes_match_zero_stage3_formula(results):
 
 def test_bad_mixed_precision_is_a_bilingual_error():
     from dtrain_lab.parallel.fsdp import mixed_precision_policy
-    from dtrain_lab.i18n import MESSAGES, LabError
+    from dtrain_lab.i18n import LabError, catalogue
 
     with pytest.raises(LabError) as e:
         mixed_precision_policy("fp8")
@@ -154,7 +154,7 @@ def test_bad_mixed_precision_is_a_bilingual_error():
     assert mixed_precision_policy("bf16").param_dtype == torch.bfloat16
     assert mixed_precision_policy("bf16").reduce_dtype == torch.float32
     assert mixed_precision_policy(None).param_dtype is None
-    assert "fsdp_no_checkpoint" in MESSAGES
+    assert "fsdp_no_checkpoint" in catalogue()
 
 
 def test_default_units_and_missing_checkpoint(tmp_path):

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import dtrain_lab
 from dtrain_lab.resilience import recovery
 from dtrain_lab.data import regression_dataset
-from dtrain_lab.i18n import MESSAGES, LabError
+from dtrain_lab.i18n import LabError, catalogue
 
 
 def _state(seed=0):
@@ -288,10 +288,10 @@ def test_heartbeats_and_watchdog(tmp_path):
 
 
 def test_messages_bilingual():
-    keys = [k for k in MESSAGES if k.startswith("rec_")]
+    keys = [k for k in catalogue() if k.startswith("rec_")]
     assert len(keys) >= 15
     for k in keys:
-        assert MESSAGES[k]["en"] and MESSAGES[k]["zh"], k
+        assert catalogue()[k]["en"] and catalogue()[k]["zh"], k
 
 
 # ------------------------------------------------------------------------------- DCP 2 -> 3 ranks

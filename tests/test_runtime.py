@@ -109,14 +109,3 @@ def test_cleanup_in_a_kernel_does_not_exit(clean_env):
     runtime.init()
     runtime.cleanup()
     runtime.cleanup()  # twice is fine, and we are still alive
-
-
-def test_every_message_exists_in_both_languages():
-    for key, entry in i18n.MESSAGES.items():
-        assert set(entry) == {"zh", "en"}, key
-        assert any("\u4e00" <= ch <= "\u9fff" for ch in entry["zh"]), f"{key}: zh text is not Chinese"
-        # same placeholders in both languages
-        import string
-
-        fields = [{f for _, f, _, _ in string.Formatter().parse(entry[lang]) if f} for lang in ("zh", "en")]
-        assert fields[0] == fields[1], key

@@ -1,0 +1,156 @@
+"""The library's layers, read from the AST: arrows only downward, no import cycles, short modules.
+
+course     cli, viz, bench, demos/, grading/, authoring   (may import anything below)
+jobs       jobs/ (launch, runtime, cluster, diagnose, monitor)
+technique  parallel/, resilience/, nccl/
+base       comm/, models, data, perfmodel, i18n
+
+Every import counts, including one inside a function: a function-level import hides the real graph,
+it does not change it.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "dtrain_lab"
+MAX_LINES = 500
+
+LAYERS = {
+    "base": {"comm", "models", "data", "perfmodel", "i18n"},
+    "technique": {"parallel", "resilience", "nccl"},
+    "jobs": {"jobs"},
+    "course": {"cli", "viz", "bench", "demos", "grading", "authoring"},
+}
+RANK = {"base": 0, "technique": 1, "jobs": 2, "course": 3}
+
+
+def _top(module: str) -> str | None:
+    """dtrain_lab.parallel.zero -> 'parallel'; dtrain_lab -> None (the package root)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "dtrain_lab" else None
+
+
+def _layer(top: str | None) -> str | None:
+    for layer, names in LAYERS.items():
+        if top in names:
+            return layer
+    return None
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _files() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every dtrain_lab module ``path`` imports (absolute names), wherever the import stands."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    me = _module_name(path)
+    pkg = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "dtrain_lab"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.split(".")[0] != "dtrain_lab":
+                continue
+            for a in node.names:  # `from dtrain_lab.parallel import zero` imports a module
+                sub = f"{mod}.{a.name}"
+                out.append((node.lineno, sub if _exists(sub) else mod))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
+            if node.args and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("dtrain_lab"):
+                out.append((node.lineno, node.args[0].value))
+    return out
+
+
+def _exists(module: str) -> bool:
+    rel = Path(*module.split("."))
+    return (ROOT / rel).with_suffix(".py").exists() or (ROOT / rel / "__init__.py").exists()
+
+
+def test_layers_only_import_downward():
+    bad = []
+    for path in _files():
+        me = _module_name(path)
+        my_layer = _layer(_top(me))
+        if my_layer is None:  # the package root re-exports (launch, set_lang): it sits above everything
+            continue
+        for line, mod in _imports(path):
+            top = _top(mod)
+            if top is None:
+                if my_layer != "course":
+                    bad.append(f"{path.relative_to(ROOT)}:{line} imports the package root (which imports jobs)")
+                continue
+            layer = _layer(top)
+            assert layer is not None, f"{mod} (imported by {me}) is in no layer: add it to LAYERS"
+            if RANK[layer] > RANK[my_layer]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} ({my_layer}) imports {mod} ({layer})")
+    assert not bad, "imports that point upward:\n" + "\n".join(bad)
+
+
+def test_technique_and_base_never_import_jobs_or_course():
+    """The rule of the issue, stated on its own: comm/, parallel/, resilience/ and nccl/ run with a
+    process group at any world size and never reach for the launcher, runtime, grader or demos."""
+    forbidden = LAYERS["jobs"] | LAYERS["course"]
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {mod}"
+           for p in _files() if _layer(_top(_module_name(p))) in ("base", "technique")
+           for line, mod in _imports(p) if _top(mod) in forbidden]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    graph: dict[str, set[str]] = {}
+    for path in _files():
+        graph[_module_name(path)] = {m for _, m in _imports(path) if m != _module_name(path)}
+    # Tarjan's strongly connected components
+    index, low, stack, on, sccs, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                sccs.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    # a package importing its own submodules (re-exports) and those importing siblings is not a cycle
+    # of design, but Python still executes it as one: none allowed.
+    assert not sccs, f"import cycles: {sccs}"
+
+
+def test_no_module_over_500_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _files()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them; tables become data files): {long}"
