@@ -16,8 +16,8 @@ holding the bucket's averaged gradient.
 * :func:`fp16_hook`, :func:`bf16_hook` — cast to 16 bits, divide by the world size (before the
   all-reduce, so that fp16 cannot overflow), all-reduce, cast back. Half the bytes; same results as
   PyTorch's ``default_hooks.fp16_compress_hook`` / ``bf16_compress_hook``. (Not named like those on
-  purpose: PyTorch's DDP refuses any hook *named* ``bf16_compress_hook`` unless CUDA and NCCL ≥ 2.10
-  are present, a check by name.)
+  purpose: PyTorch's DDP refuses any hook *named* ``bf16_compress_hook`` unless CUDA/ROCm with NCCL ≥ 2.10,
+  or XPU with XCCL, is present: a check by name.)
 * :func:`topk_hook` — top-k sparsification **with error feedback** (Stich, Cordonnier & Jaggi,
   "Sparsified SGD with Memory", NeurIPS 2018; Lin et al., "Deep Gradient Compression", ICLR 2018).
   Each rank adds its *residual* (what it did not send so far) to the gradient, keeps the ``k``
