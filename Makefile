@@ -31,9 +31,10 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=$(CURDIR) --ServerApp.default_url=/lab/tree/lessons $(LAB_ARGS)
 
 test: $(STAMP)
+	$(PY) -m ruff check dtrain_lab tests tools
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -p no:cacheprovider \
 	  tests lessons/zh lessons/en labs/zh labs/en solutions/zh solutions/en --nbval --nbval-current-env \
-	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600 $(PYTEST_ARGS)
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600 --durations=25 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m dtrain_lab.bench $(BENCH_ARGS)
