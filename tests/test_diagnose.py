@@ -34,6 +34,12 @@ def test_hang_readings(lang):
     assert "all_reduce" in h                          # same collective: the transport
     hints = diagnose(hung(site("barrier"), site("backward", dist=False)), lang)
     assert len(hints) == 2 and "join()" in hints[1]  # uneven inputs
+    # a rank in DDP's backward: the hint warns against DETAIL (DDP segfaults under it, lesson 10)
+    # instead of recommending it as it does for plain collectives
+    from dtrain_lab.i18n import tr
+    calls = "rank 0: barrier; rank 1: backward"
+    assert hints[0] == tr("diag_different_collectives_ddp", lang, calls=calls)
+    assert hints[0] != tr("diag_different_collectives", lang, calls=calls)
     (h,) = diagnose(hung(None, None, phase="startup"), lang)
     assert "init_process_group" in h
 

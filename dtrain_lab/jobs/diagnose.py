@@ -159,9 +159,13 @@ def diagnose(result, lang: str | None = None) -> list[str]:
             hints.append(tr("diag_rank_outside", lang, ranks=", ".join(map(str, outside)),
                             waiting=", ".join(f"{r}: {c}" for r, c in sorted(in_dist.items()))))
         elif len(set(in_dist.values())) > 1:
-            hints.append(tr("diag_different_collectives", lang,
+            # A rank inside backward is in DDP's all-reduce, and DDP segfaults under
+            # TORCH_DISTRIBUTED_DEBUG=DETAIL on the pinned torch 2.13 CPU build (lesson 10,
+            # section 3): no DETAIL advice for that case.
+            ddp = "backward" in in_dist.values()
+            hints.append(tr("diag_different_collectives_ddp" if ddp else "diag_different_collectives", lang,
                             calls="; ".join(f"rank {r}: {c}" for r, c in sorted(in_dist.items()))))
-            if "backward" in in_dist.values():
+            if ddp:
                 hints.append(tr("diag_uneven", lang))
         elif in_dist:
             hints.append(tr("diag_same_collective", lang, call=next(iter(in_dist.values()))))
