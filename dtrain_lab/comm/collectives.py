@@ -22,18 +22,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from dtrain_lab.comm import groups
+from dtrain_lab.comm.groups import Group
+from dtrain_lab.i18n import LabError
 
-def _world(group) -> tuple[int, int]:
-    if not dist.is_available() or not dist.is_initialized():
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
-def _global(group, r: int) -> int:
-    return r if group is None else dist.get_global_rank(group, r)
+PHASES = ("reduce_scatter", "all_gather")
+RING_OPS = ("sum", "avg")
 
 
-def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int, group) -> None:
+def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int, group: Group) -> None:
     """Send ``send`` to ``right`` while receiving ``recv`` from ``left``, without deadlock."""
     ops = []
     if send.numel():
@@ -57,13 +54,18 @@ def ring_steps(rank: int, p: int, phase: str) -> list[tuple[int, int]]:
         return [((rank - s) % p, (rank - s - 1) % p) for s in range(p - 1)]
     if phase == "all_gather":
         return [((rank + 1 - s) % p, (rank - s) % p) for s in range(p - 1)]
-    raise ValueError(f"phase must be 'reduce_scatter' or 'all_gather', got {phase!r}")
+    raise LabError("comm_bad_choice", name="phase", value=phase, choices=", ".join(PHASES))
 
 
-def ring_reduce_scatter_(chunks: list[torch.Tensor], group=None) -> int:
+def _neighbours(group: Group, r: int, p: int) -> tuple[int, int]:
+    """Global ranks of the right and left neighbours of group rank ``r`` on the ring."""
+    return groups.global_rank(group, (r + 1) % p), groups.global_rank(group, (r - 1) % p)
+
+
+def ring_reduce_scatter_(chunks: list[torch.Tensor], group: Group = None) -> int:
     """In place: after it, ``chunks[(rank+1) % p]`` holds the sum over ranks. Returns that index."""
-    r, p = _world(group)
-    right, left = _global(group, (r + 1) % p), _global(group, (r - 1) % p)
+    r, p = groups.rank_size(group)
+    right, left = _neighbours(group, r, p)
     for send_idx, recv_idx in ring_steps(r, p, "reduce_scatter"):
         buf = torch.empty_like(chunks[recv_idx])
         _exchange(chunks[send_idx], buf, right, left, group)
@@ -71,10 +73,10 @@ def ring_reduce_scatter_(chunks: list[torch.Tensor], group=None) -> int:
     return (r + 1) % p
 
 
-def ring_all_gather_(chunks: list[torch.Tensor], group=None) -> None:
+def ring_all_gather_(chunks: list[torch.Tensor], group: Group = None) -> None:
     """In place: rank ``r`` starts with complete chunk ``(r+1) % p``; ends with all of them."""
-    r, p = _world(group)
-    right, left = _global(group, (r + 1) % p), _global(group, (r - 1) % p)
+    r, p = groups.rank_size(group)
+    right, left = _neighbours(group, r, p)
     for send_idx, recv_idx in ring_steps(r, p, "all_gather"):
         buf = torch.empty_like(chunks[recv_idx])
         _exchange(chunks[send_idx], buf, right, left, group)
@@ -99,12 +101,12 @@ def simulate_ring(values: list[list[float]]) -> tuple[list[list[float]], list[st
     return state, log
 
 
-def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:
+def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group: Group = None) -> torch.Tensor:
     """All-reduce ``tensor`` in place with a ring of send/recv; same result as ``dist.all_reduce``
     (up to floating-point summation order). ``op`` is ``"sum"`` or ``"avg"``."""
-    if op not in ("sum", "avg"):
-        raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
-    r, p = _world(group)
+    if op not in RING_OPS:
+        raise LabError("comm_bad_choice", name="op", value=op, choices=", ".join(RING_OPS))
+    p = groups.size(group)
     if p == 1:
         return tensor
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -118,92 +120,21 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.
     return tensor
 
 
-def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+def naive_all_reduce(tensor: torch.Tensor, group: Group = None) -> torch.Tensor:
     """The textbook baseline: every rank sends its whole tensor to rank 0, which sums and sends the
     result back, one message at a time. Rank 0's link carries 2·(p-1)·n bytes: it does not scale."""
-    r, p = _world(group)
+    r, p = groups.rank_size(group)
     if p == 1:
         return tensor
-    root = _global(group, 0)
+    root = groups.global_rank(group, 0)
     if r == 0:
         buf = torch.empty_like(tensor)
         for src in range(1, p):
-            dist.recv(buf, _global(group, src), group=group)
+            dist.recv(buf, groups.global_rank(group, src), group=group)
             tensor.add_(buf)
         for dst in range(1, p):
-            dist.send(tensor, _global(group, dst), group=group)
+            dist.send(tensor, groups.global_rank(group, dst), group=group)
     else:
         dist.send(tensor, root, group=group)
         dist.recv(tensor, root, group=group)
     return tensor
-
-
-# ------------------------------------------------------------------------------------ measurement
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":  # GPU path: kernels are asynchronous
-        torch.cuda.synchronize(device)
-
-
-def _run_op(name: str, buf: torch.Tensor, out: torch.Tensor | None, group) -> None:
-    if name == "all_reduce":
-        dist.all_reduce(buf, group=group)
-    elif name == "ring_all_reduce":
-        ring_all_reduce(buf, group=group)
-    elif name == "naive_all_reduce":
-        naive_all_reduce(buf, group=group)
-    elif name == "broadcast":
-        dist.broadcast(buf, src=_global(group, 0), group=group)
-    elif name == "all_gather":
-        dist.all_gather_single(out, buf, group=group)
-    elif name == "reduce_scatter":
-        dist.reduce_scatter_single(out, buf, group=group)
-    else:
-        raise ValueError(f"unknown op {name!r}")
-
-
-def measure_collective(name: str, nbytes: int, *, device="cpu", group=None, min_time: float = 0.05,
-                       max_iters: int = 50, warmup: int = 3, repeats: int = 3) -> dict:
-    """Time one collective on a float32 buffer of ``nbytes`` (per rank; for all_gather/reduce_scatter
-    ``nbytes`` is the whole gathered array, as nccl-tests counts it). Every rank must call it with the
-    same arguments. Returns seconds per call (best of ``repeats`` averages, slowest rank) and
-    algbw/busbw."""
-    from dtrain_lab.perfmodel import bus_bandwidth
-
-    r, p = _world(group)
-    numel = max(p, nbytes // 4)
-    numel -= numel % p  # all_gather/reduce_scatter need a multiple of p
-    buf = torch.ones(numel, dtype=torch.float32, device=device)
-    out = None
-    if name == "all_gather":
-        buf, out = buf[: numel // p].clone(), torch.empty(numel, dtype=torch.float32, device=device)
-    elif name == "reduce_scatter":
-        out = torch.empty(numel // p, dtype=torch.float32, device=device)
-    for _ in range(warmup):
-        _run_op(name, buf, out, group)
-    # choose the iteration count on rank 0 and share it, so that every rank runs the same number
-    dist.barrier(group=group)
-    _sync(device)
-    t = torch.tensor([0.0], device=device)   # NCCL groups serve CUDA tensors only
-    import time
-
-    start = time.perf_counter()
-    _run_op(name, buf, out, group)
-    _sync(device)
-    one = time.perf_counter() - start
-    iters = torch.tensor([min(max_iters, max(1, int(min_time / max(one, 1e-6))))], device=device)
-    dist.broadcast(iters, src=_global(group, 0), group=group)
-    best = float("inf")
-    for _ in range(repeats):  # best of a few repeats: the least disturbed by other processes
-        dist.barrier(group=group)
-        start = time.perf_counter()
-        for _ in range(int(iters.item())):
-            _run_op(name, buf, out, group)
-        _sync(device)
-        best = min(best, (time.perf_counter() - start) / int(iters.item()))
-    t[0] = best
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    seconds = float(t.item())
-    size = numel * 4
-    algbw, busbw = bus_bandwidth(name.replace("ring_", "").replace("naive_", ""), size, seconds, p)
-    return {"op": name, "bytes": size, "seconds": seconds, "iters": int(iters.item()),
-            "algbw": algbw, "busbw": busbw}

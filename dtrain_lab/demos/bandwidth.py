@@ -9,7 +9,7 @@ over to GPUs.
 import sys
 
 from dtrain_lab.jobs import runtime
-from dtrain_lab.comm.collectives import measure_collective
+from dtrain_lab.demos.collective_timing import measure_collective
 
 
 def main() -> None:
