@@ -14,10 +14,22 @@ A lesson is written once, in ``lessons/_source/NN_name.md``, as a sequence of ce
     result = dtrain_lab.launch(...)
 
 ``%% setup`` is the one code cell that differs between the languages (``{LANG}`` becomes ``zh`` or
-``en``); every other code cell is shared, so zh and en can never drift apart. :func:`build` makes
-``lessons/zh/NN_name.ipynb`` and ``lessons/en/NN_name.ipynb``; ``execute`` runs them and keeps the
-outputs nbval compares, dropping what a run measures (cells marked ``# NBVAL_IGNORE_OUTPUT``,
-images): a learner never opens a number measured on someone else's machine.
+``en``); every other code cell is shared, so zh and en can never drift apart. A paired markdown cell
+has the same headings (count and level) in both languages, or the source is rejected.
+
+A code cell's marker may carry nbval's cell tags, which go into the cell's metadata (the learner's
+code stays free of test markers)::
+
+    %% code nbval-ignore-output      (a cell that measures: stored empty, never compared)
+    %% code nbval-skip               (a cell nbval does not run)
+
+:func:`build` makes ``lessons/zh/NN_name.ipynb`` and ``lessons/en/NN_name.ipynb``; ``execute`` runs
+them and keeps the outputs nbval compares, dropping what a run measures: the outputs of cells tagged
+``nbval-ignore-output``, and in every other output the measured parts that ``tests/nbval_sanitize.cfg``
+lists in its ``measured-*`` sections (a job's ``[x s, start-up y s]``, a PID), which nbval removes from
+the fresh output the same way. A learner never opens a number measured on someone else's machine, and
+never an empty placeholder: empty displays are dropped, and plots are stored only from cells that
+draw something deterministic (a cell that plots a measurement is tagged ``nbval-ignore-output``).
 
     python -m dtrain_lab.authoring build            # regenerate notebooks (no execution)
     python -m dtrain_lab.authoring build --keep-outputs   # ... keeping each code cell's stored output
@@ -36,11 +48,15 @@ ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("lessons", "labs", "solutions")
 
 
+TAGS = ("nbval-ignore-output", "nbval-skip", "raises-exception")
+
+
 @dataclass
 class Cell:
     kind: str                  # "md", "code", "setup"
     text: dict                 # lang -> text (md), or {"*": text} for code
     line: int                  # where it starts in the source
+    tags: tuple = ()           # nbval's cell tags (code cells)
 
     def source(self, lang: str, variant: str = "solution") -> str:
         if self.kind == "md":
@@ -90,7 +106,22 @@ def blocks(code: str) -> dict:
     return {v: render(code, v) for v in ("solution", "learner")}
 
 
-_MARK = re.compile(r"^%% (md|en|zh|code|setup)\s*$")
+_MARK = re.compile(r"^%% (md|en|zh|code|setup)((?:[ \t]+[\w-]+)*)[ \t]*$")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_HEADING = re.compile(r"^(#{1,6})[ \t]+\S")
+
+
+def headings(md: str) -> list[str]:
+    """The heading marks (``#``, ``##``, ...) of a markdown text in order, code blocks left out."""
+    out, fenced = [], False
+    for line in md.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            m = _HEADING.match(line)
+            if m:
+                out.append(m.group(1))
+    return out
 
 
 def parse(text: str, name: str = "<source>") -> list[Cell]:
@@ -119,7 +150,12 @@ def parse(text: str, name: str = "<source>") -> list[Cell]:
             continue
         flush()
         buf = []
-        tag = m.group(1)
+        tag, tags = m.group(1), tuple(m.group(2).split())
+        if tags and tag not in ("code", "setup"):
+            raise SourceError(f"{name}:{i}: only code cells take tags, not '%% {tag}'")
+        unknown = [t for t in tags if t not in TAGS]
+        if unknown:
+            raise SourceError(f"{name}:{i}: unknown cell tag {unknown[0]!r} (known: {', '.join(TAGS)})")
         if tag in ("en", "zh"):
             if current is None or current.kind != "md":
                 raise SourceError(f"{name}:{i}: '%% {tag}' outside a '%% md' cell")
@@ -127,13 +163,17 @@ def parse(text: str, name: str = "<source>") -> list[Cell]:
                 raise SourceError(f"{name}:{i}: '%% {tag}' twice in one cell")
             lang = tag
         else:
-            current = Cell(kind=tag, text={}, line=i)
+            current = Cell(kind=tag, text={}, line=i, tags=tags)
             cells.append(current)
             lang = None
     flush()
     for c in cells:
         if c.kind == "md" and set(c.text) != set(LANGS):
             raise SourceError(f"{name}:{c.line}: markdown cell needs both '%% en' and '%% zh'")
+        if c.kind == "md" and headings(c.text["en"]) != headings(c.text["zh"]):
+            raise SourceError(f"{name}:{c.line}: the headings differ between the languages: "
+                              f"en {' '.join(headings(c.text['en'])) or 'none'}, "
+                              f"zh {' '.join(headings(c.text['zh'])) or 'none'}")
         if c.kind != "md" and not c.text.get("*", "").strip():
             raise SourceError(f"{name}:{c.line}: empty code cell")
     if sum(c.kind == "setup" for c in cells) != 1:
@@ -154,8 +194,9 @@ def to_notebook(cells: list[Cell], lang: str, source_name: str, variant: str = "
         src = c.source(lang, variant)
         cell = nbformat.v4.new_markdown_cell(src) if c.kind == "md" else nbformat.v4.new_code_cell(src)
         cell["id"] = f"cell-{i:03d}"  # same id in both languages: cells pair up by id
-        if c.kind == "setup":
-            cell.metadata["tags"] = ["setup"]
+        tags = (["setup"] if c.kind == "setup" else []) + list(c.tags)
+        if tags:
+            cell.metadata["tags"] = tags
         nb.cells.append(cell)
     return nb
 
@@ -179,25 +220,70 @@ def build(source: Path, kind: str | None = None) -> dict:
     return {lang: to_notebook(cells, lang, str(source.relative_to(ROOT)), variant) for lang in LANGS}
 
 
-def _strip_measured(nb) -> None:
+SANITIZE_CFG = ROOT / "tests" / "nbval_sanitize.cfg"
+_SANITIZE = re.compile(r"^\[([^\]]+)\]\s*\nregex: (.*)\nreplace: (.*)$", re.M)
+
+
+def measured_patterns(cfg: Path = SANITIZE_CFG) -> list[tuple[re.Pattern, str]]:
+    """``(regex, replacement)`` of the ``measured-*`` sections of nbval's sanitize file: what a run
+    measures (elapsed times, PIDs). nbval applies them to the fresh output; :func:`clean_outputs`
+    applies them to the stored one, so both sides agree and the stored side holds no measurement."""
+    if not cfg.exists():
+        return []
+    return [(re.compile(rx), rep) for sec, rx, rep in _SANITIZE.findall(cfg.read_text(encoding="utf-8"))
+            if sec.startswith("measured-")]
+
+
+def _ignored(cell) -> bool:
+    tags = cell.get("metadata", {}).get("tags", [])
+    legacy = re.search(r"^\s*#\s*NBVAL_(IGNORE_OUTPUT|SKIP)\s*$", cell.source, re.M)  # nbval's comment form
+    return "nbval-ignore-output" in tags or "nbval-skip" in tags or legacy is not None
+
+
+def clean_outputs(nb, patterns: list | None = None) -> None:
+    """What is stored of a run: nothing of a cell tagged ``nbval-ignore-output`` or ``nbval-skip``;
+    elsewhere the measured parts removed (:func:`measured_patterns`), displays that show nothing dropped
+    (a job's live view ends empty) and no execution timestamps. Plots keep their image (a cell that
+    plots a measurement is tagged ``nbval-ignore-output``)."""
+    patterns = measured_patterns() if patterns is None else patterns
+
+    def scrub(text):
+        joined = "".join(text) if isinstance(text, list) else text
+        for rx, rep in patterns:
+            joined = rx.sub(rep, joined)
+        return joined
+
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        if "NBVAL_IGNORE_OUTPUT" in cell.source or "NBVAL_SKIP" in cell.source:
+        cell.metadata.pop("execution", None)
+        if _ignored(cell):
             cell.outputs = []
             continue
+        kept = []
         for out in cell.outputs:
+            if out.get("output_type") == "stream":
+                out["text"] = scrub(out.get("text", ""))
+                if not out["text"]:
+                    continue
             data = out.get("data")
-            if data:
-                for key in [k for k in data if k.startswith("image/")]:
-                    del data[key]
+            if data is not None:
+                if "text/plain" in data:
+                    data["text/plain"] = scrub(data["text/plain"])
+                    if not data["text/plain"].strip():
+                        del data["text/plain"]
+                if not data:
+                    continue
+            kept.append(out)
+        cell.outputs = kept
 
 
 def execute(nb, cwd: Path, timeout: int = 900):
     from nbclient import NotebookClient
 
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
-    _strip_measured(nb)
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    clean_outputs(nb)
     return nb
 
 
@@ -205,7 +291,8 @@ def carry_outputs(nb, path: Path) -> None:
     """Give each code cell of ``nb`` the outputs stored for the same cell id in the notebook at ``path``.
 
     For edits that do not change what a cell prints (an import path, a comment); nbval re-runs every
-    notebook in ``make test`` and fails on any output that no longer matches.
+    notebook in ``make test`` and fails on any output that no longer matches. The carried outputs are
+    cleaned as :func:`execute` cleans them (a cell newly tagged ``nbval-ignore-output`` loses them).
     """
     import nbformat
 
@@ -216,6 +303,7 @@ def carry_outputs(nb, path: Path) -> None:
         if cell.cell_type == "code" and cell.get("id") in old:
             cell.outputs = old[cell["id"]].get("outputs", [])
             cell.execution_count = old[cell["id"]].get("execution_count")
+    clean_outputs(nb)
 
 
 def write(nb, path: Path) -> None:

@@ -74,6 +74,8 @@ def test_parity(zh_path, en_path):
                 assert SETUP_LANG.search(sa).group(1) == "zh" and SETUP_LANG.search(sb).group(1) == "en"
                 setup_seen += 1
         else:
+            assert authoring.headings(sa) == authoring.headings(sb), (
+                f"markdown cell {i}: headings differ (zh {authoring.headings(sa)}, en {authoring.headings(sb)})")
             pz, pe = prose(sa), prose(sb)
             if len(LETTER.findall(pz)) >= 4:
                 assert han_ratio(pz) > 0.3, f"markdown cell {i} of the zh notebook is not Chinese: {sa[:80]!r}"
@@ -89,8 +91,8 @@ def test_notebooks_are_generated_from_their_sources(kind):
             path = authoring.notebook_path(src, lang, kind)
             assert path.exists(), f"{path} missing: run `make notebooks`"
             stored = load(path)
-            want = [(c.cell_type, c.source) for c in nb.cells]
-            have = [(c["cell_type"], "".join(c["source"])) for c in stored["cells"]]
+            want = [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in nb.cells]
+            have = [(c["cell_type"], "".join(c["source"]), c.get("metadata", {}).get("tags", [])) for c in stored["cells"]]
             assert have == want, f"{path.relative_to(ROOT)} is out of date with {src.relative_to(ROOT)}: run `make notebooks`"
     # and every notebook has a source
     stems = {s.stem for s in authoring.sources(kind)}
@@ -114,19 +116,57 @@ def test_lessons_start_with_goals_and_end_with_summary_and_exercises():
 
 
 def test_stored_outputs_hold_no_measurements():
-    """Cells that measure are marked NBVAL_IGNORE_OUTPUT and stored empty; no images are stored."""
+    """What a run measures is never stored, and nothing stored is an empty placeholder: cells that
+    measure are tagged nbval-ignore-output (cell metadata, not a comment in the learner's code) and
+    stored empty; elsewhere no elapsed time or PID (the measured-* patterns nbval removes), no empty
+    display, no plot's "<Figure size ...>" text without its image, no execution timestamps."""
+    patterns = authoring.measured_patterns()
+    assert len(patterns) >= 2, "tests/nbval_sanitize.cfg lost its measured-* sections"
     for kind in KINDS:
         for lang in ("zh", "en"):
             for path in notebooks(kind, lang):
-                for cell in load(path)["cells"]:
+                for i, cell in enumerate(load(path)["cells"]):
                     if cell["cell_type"] != "code":
                         continue
+                    where = f"{path.relative_to(ROOT)} cell {i}"
                     src = "".join(cell["source"])
-                    if "NBVAL_IGNORE_OUTPUT" in src:
-                        assert cell["outputs"] == [], f"{path.name}: measured output stored"
+                    assert not re.search(r"^\s*#\s*NBVAL_", src, re.M), f"{where}: an nbval comment in the learner's code (use a cell tag)"
+                    assert "execution" not in cell.get("metadata", {}), f"{where}: execution timestamps stored"
+                    if "nbval-ignore-output" in cell.get("metadata", {}).get("tags", []):
+                        assert cell["outputs"] == [], f"{where}: measured output stored"
                     for out in cell["outputs"]:
-                        assert not any(k.startswith("image/") for k in out.get("data", {})), path.name
-                        assert out.get("output_type") != "error", f"{path.name}: stored error output"
+                        assert out.get("output_type") != "error", f"{where}: stored error output"
+                        texts = ["".join(out.get("text", ""))]
+                        if "data" in out:
+                            data = out["data"]
+                            assert data, f"{where}: an empty display stored"
+                            plain = "".join(data.get("text/plain", ""))
+                            texts.append(plain)
+                            assert not (plain.startswith("<Figure size") and not any(k.startswith("image/") for k in data)), \
+                                f"{where}: a plot stored without its image"
+                        for text in texts:
+                            for rx, _ in patterns:
+                                assert not rx.search(text), f"{where}: stored measurement {rx.search(text).group(0)!r}"
+
+
+def test_cleaning_strips_what_a_run_measures():
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    kept = nbformat.v4.new_code_cell("launch(...)")
+    kept.metadata["execution"] = {"iopub.execute_input": "2030-01-01T00:00:00Z"}
+    kept.outputs = [nbformat.v4.new_output("display_data", data={}),
+                    nbformat.v4.new_output("display_data", data={"text/plain": ""}),
+                    nbformat.v4.new_output("stream", name="stdout",
+                                           text="I am rank 0 (local rank 0), pid 4242, backend gloo\n✓ ok\n  [6.0 s, start-up 5.1 s]\n")]
+    measured = nbformat.v4.new_code_cell("time_it()")
+    measured.metadata["tags"] = ["nbval-ignore-output"]
+    measured.outputs = [nbformat.v4.new_output("stream", name="stdout", text="0.123 s\n")]
+    nb.cells = [kept, measured]
+    authoring.clean_outputs(nb)
+    assert [o["output_type"] for o in kept.outputs] == ["stream"]
+    assert kept.outputs[0]["text"] == "I am rank 0 (local rank 0), backend gloo\n✓ ok\n"
+    assert "execution" not in kept.metadata and measured.outputs == []
 
 
 def test_source_parser_rejects_broken_sources():
@@ -144,6 +184,22 @@ def test_source_parser_rejects_broken_sources():
     cells = authoring.parse("%% setup\nset_lang('{LANG}')\n%% md\n%% en\nHi\n%% zh\n你好\n%% code\nprint(1)\n")
     assert [c.kind for c in cells] == ["setup", "md", "code"]
     assert cells[0].source("zh") == "set_lang('zh')"
+    # headings pair up: same count and level in both languages (a code block's '#' is no heading)
+    with pytest.raises(authoring.SourceError, match="headings differ"):
+        authoring.parse("%% setup\nx=1\n%% md\n%% en\n## 2. Title\ntext\n%% zh\n正文\n")
+    with pytest.raises(authoring.SourceError, match="headings differ"):
+        authoring.parse("%% setup\nx=1\n%% md\n%% en\n## A\n%% zh\n### 甲\n")
+    authoring.parse("%% setup\nx=1\n%% md\n%% en\n## A\n```\n# comment\n```\n%% zh\n## 甲\n")
+    # nbval's cell tags ride on the code cell's marker and end up in the cell's metadata
+    src = "%% setup\nx=1\n%% code nbval-ignore-output\nmeasure()\n"
+    cells = authoring.parse(src)
+    assert cells[1].tags == ("nbval-ignore-output",) and cells[1].source("en") == "measure()"
+    nb = authoring.to_notebook(cells, "en", "x.md")
+    assert nb.cells[1].metadata["tags"] == ["nbval-ignore-output"] and nb.cells[0].metadata["tags"] == ["setup"]
+    with pytest.raises(authoring.SourceError, match="unknown cell tag"):
+        authoring.parse("%% setup\nx=1\n%% code nbval-ignore\nmeasure()\n")
+    with pytest.raises(authoring.SourceError, match="only code cells"):
+        authoring.parse("%% setup\nx=1\n%% md nbval-skip\n%% en\nA\n%% zh\n甲\n")
 
 
 def test_environment_yml_agrees_with_pyproject():

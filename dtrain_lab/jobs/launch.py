@@ -219,9 +219,10 @@ class _Display:
         if self.notebook:
             from IPython.display import display
 
-            # The live view starts and ends empty: what is stored in the notebook (and compared by
-            # nbval) is the grouped output printed at the end, not the interleaving of this run.
-            self.handle = display({"text/plain": ""}, raw=True, display_id=True)
+            # The live view starts and ends empty (no data at all, so nothing is stored or compared
+            # for it): what the notebook stores, and nbval compares, is the grouped output printed at
+            # the end, not the interleaving of this run.
+            self.handle = display({}, raw=True, display_id=True)
 
     def line(self, text: str, err: bool = False) -> None:
         if self.quiet:
@@ -246,7 +247,7 @@ class _Display:
         if self.quiet:
             return
         if self.handle is not None:
-            self.handle.update({"text/plain": ""}, raw=True)
+            self.handle.update({}, raw=True)
             if grouped:
                 print(grouped, flush=True)
         print(summary, flush=True)
