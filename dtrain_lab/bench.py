@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if want("collectives"):
         rows.extend(collectives(max_bytes))
     if want("ddp"):
-        from dtrain_lab.parallel.ddp import bench_ddp
+        from dtrain_lab.demos.ddp_step_time import bench_ddp
 
         rows.append(bench_ddp(repeats=2 if args.quick else 5))
     if want("compression"):

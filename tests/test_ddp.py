@@ -137,6 +137,13 @@ def test_bucketing_issues_fewer_collectives_than_naive(results, n):
         assert c["bucketed"] == 1 < c["naive"]
         assert c["bucketed_bytes"] == c["naive_bytes"] == MLP_BYTES   # same bytes, fewer messages
         assert c["one_per_param"] == 6                                # a tiny cap degrades to naive
+        # what the wrappers count is what went through c10d (CommDebugMode's dispatch mode saw it)
+        assert c["traced_step"]["counts"] == {"all_reduce": c["bucketed"]}
+        assert c["traced_step"]["bytes"] == c["bucketed_bytes"]
+        assert c["traced_naive"]["counts"] == {"all_reduce": c["naive"]}
+        assert c["traced_naive"]["bytes"] == c["naive_bytes"]
+        assert c["traced_tiny"]["counts"] == {"all_reduce": c["one_per_param"]} and c["traced_tiny"]["bytes"] == MLP_BYTES
+        assert c["traced_init"] == {"all_gather": 1, "broadcast": 1} and c["init_collectives"] == 2
 
 
 @pytest.mark.timeout(400)
@@ -180,7 +187,7 @@ def test_ddp_error_is_bilingual():
     from dtrain_lab import get_lang
     from dtrain_lab.parallel.ddp import DDPError
 
-    e = DDPError("unused_params", rank=0, count=1, names="w", buckets=[0])
+    e = DDPError("ddp_unused_params", rank=0, count=1, names="w", buckets=[0])
     lines = str(e).split("\n")
     assert len(lines) == 2 and isinstance(e, RuntimeError)
     assert lines[0] == e.message(get_lang())

@@ -8,6 +8,8 @@ Four variants train the same MLP on the same data: ``torch`` (DistributedDataPar
 (forward, backward, SGD step) alternate between the variants ``repeats`` times, so that drifting load
 hits all alike; a variant's time is the median over its blocks of the slowest rank's seconds per
 step. Rank 0 reports them. CPU/gloo figures: they say nothing about NCCL on GPUs.
+
+:func:`bench_ddp` launches this program and turns its report into a benchmark row.
 """
 import statistics
 import sys
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from dtrain_lab.jobs import runtime
+from dtrain_lab.jobs.launch import launch
 from dtrain_lab.parallel.ddp import DDP, naive_allreduce_grads
 from dtrain_lab.models import MLP, count_params
 
@@ -79,6 +82,31 @@ def main() -> None:
                    no_overlap_s=med["no_overlap"], naive_s=med["naive"], samples=times)
     runtime.print0(" ".join(f"{k}={v * 1e3:.2f}ms" for k, v in med.items())
                    + f"  ours/torch={med['ours'] / med['torch']:.2f}")
+
+
+def bench_ddp(repeats: int = 5, nproc: int = 2, steps: int = 20, d_hidden: int = 256, depth: int = 4,
+              batch: int = 64, timeout: float = 300) -> dict:
+    """Step time of :class:`DDP` against ``torch.nn.parallel.DistributedDataParallel`` on ``nproc``
+    CPU ranks, measured in the same run (this program, launched). Returns a bench row::
+
+        {"name": "ddp_step_time", "ratio": ours / torch, "ours_s": ..., "torch_s": ..., ...}
+
+    ``ratio`` compares median step times (forward + backward + SGD step, ``steps`` steps per timed
+    block, blocks of each variant alternated ``repeats`` times). Also reported: ``no_overlap_s`` and
+    ``naive_s`` (one all-reduce per parameter) with their ratios to PyTorch.
+    """
+    r = launch("dtrain_lab.demos.ddp_step_time", nproc=nproc, timeout=timeout, quiet=True,
+               args=[repeats, steps, d_hidden, depth, batch])
+    if not r.ok:
+        raise RuntimeError(r.summary())
+    m = r.metrics[0]
+    row = {"name": "ddp_step_time", "nproc": nproc, "backend": m["backend"], "repeats": repeats, "steps": steps,
+           "params": m["params"], "buckets": m["buckets"], "ours_s": m["ours_s"], "torch_s": m["torch_s"],
+           "no_overlap_s": m["no_overlap_s"], "naive_s": m["naive_s"]}
+    row["ratio"] = row["ours_s"] / row["torch_s"]
+    row["no_overlap_ratio"] = row["no_overlap_s"] / row["torch_s"]
+    row["naive_ratio"] = row["naive_s"] / row["torch_s"]
+    return row
 
 
 if __name__ == "__main__":

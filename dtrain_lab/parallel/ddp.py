@@ -58,197 +58,35 @@ hook fires. Frozen parameters (``requires_grad=False``) are broadcast at start a
 
 On a world of one (no process group, or a group of size 1) :class:`DDP` is the plain module.
 
-Counters for tests and lessons: :meth:`DDP.stats` (collectives issued, bytes all-reduced in the
-last synchronised step, buckets launched while backward was still running, …) and
-:func:`naive_allreduce_grads`, the one-all-reduce-per-parameter baseline.
+Every collective goes through :class:`dtrain_lab.comm.counted.Comm`, which counts it:
+:meth:`DDP.stats` reports the collectives issued, the bytes all-reduced in the last synchronised step,
+the buckets launched while backward was still running, … The buckets, the view of a bucket a hook
+gets, the graph walk of ``find_unused_parameters`` and the one-all-reduce-per-parameter baseline
+(:func:`naive_allreduce_grads`) are in :mod:`dtrain_lab.parallel.ddp_parts`.
 """
 from __future__ import annotations
 
 import contextlib
 import weakref
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-__all__ = ["DDP", "DDPError", "HookBucket", "naive_allreduce_grads", "bench_ddp", "MB"]
+from dtrain_lab.comm import groups
+from dtrain_lab.comm.counted import Comm
+from dtrain_lab.comm.groups import Group
+from dtrain_lab.i18n import LabError
+from dtrain_lab.parallel.ddp_parts import (MB, Bucket, HookBucket, broadcast_coalesced, naive_allreduce_grads,
+                                           params_reached)
 
-MB = 1024 * 1024  # PyTorch's bucket_cap_mb counts mebibytes
+__all__ = ["DDP", "DDPError", "HookBucket", "naive_allreduce_grads", "params_reached", "MB"]
 
-# Bilingual messages of this module (learner's language first, see DDPError).
-_MESSAGES: dict[str, dict[str, str]] = {
-    "unused_params": {
-        "en": "dtrain_lab DDP (rank {rank}): {count} parameter(s) received no gradient in this backward "
-              "pass: {names}. Their bucket(s) {buckets} could never be all-reduced, so the gradients of "
-              "this step were NOT synchronised across ranks. PyTorch's DistributedDataParallel reports "
-              "the same situation at the next forward as \"Expected to have finished reduction in the "
-              "prior iteration before starting a new one\". Fix: make every trainable parameter take "
-              "part in the loss on every step (every output of forward used in the loss, no skipped "
-              "branch), or wrap with DDP(..., find_unused_parameters=True), which finds the unused "
-              "parameters each step at the cost of a graph traversal and one extra all-reduce.",
-        "zh": "dtrain_lab DDP（rank {rank}）：本次反向传播中有 {count} 个参数没有得到梯度：{names}。"
-              "它们所在的桶 {buckets} 永远凑不齐，无法 all-reduce，所以这一步的梯度没有在各 rank 之间同步。"
-              "PyTorch 的 DistributedDataParallel 会在下一次 forward 时把同样的情况报告为"
-              "“Expected to have finished reduction in the prior iteration before starting a new one”。"
-              "解决办法：让每个可训练参数在每一步都参与 loss 的计算（forward 的所有输出都进入 loss，"
-              "不要跳过分支），或者用 DDP(..., find_unused_parameters=True) 包装模型：它每一步都会找出"
-              "未使用的参数，代价是遍历一次计算图并多做一次 all-reduce。",
-    },
-    "ready_twice": {
-        "en": "dtrain_lab DDP: the gradient of parameter {name} became ready twice in one backward pass "
-              "(was it reached through a graph that an earlier forward marked as unused?). Call "
-              "backward once per forward, or use no_sync() for the extra passes.",
-        "zh": "dtrain_lab DDP：参数 {name} 的梯度在一次反向传播中就绪了两次（是否经由之前某次 forward "
-              "判定为未使用的计算图到达它？）。请每次 forward 只做一次 backward，多余的反向传播放在 "
-              "no_sync() 里。",
-    },
-    "not_in_group": {
-        "en": "dtrain_lab DDP: this process (global rank {rank}) is not a member of the process group "
-              "it was given; only the group's members may construct the wrapper.",
-        "zh": "dtrain_lab DDP：当前进程（全局 rank {rank}）不属于传入的进程组；只有组内成员才能构造这个包装器。",
-    },
-    "model_mismatch": {
-        "en": "dtrain_lab DDP: the ranks hold different models (trainable parameters, total size, shape "
-              "signature per rank: {detail}). Every rank must build the same model before wrapping it.",
-        "zh": "dtrain_lab DDP：各 rank 上的模型不一致（每个 rank 的可训练参数个数、总元素数、形状签名："
-              "{detail}）。包装之前，每个 rank 必须构造相同的模型。",
-    },
-}
-
-
-class DDPError(RuntimeError):
-    """An error of :class:`DDP` whose message is bilingual: the learner's language first."""
-
-    def __init__(self, key: str, **fields: Any):
-        from dtrain_lab.i18n import get_lang
-
-        self.key, self.fields = key, fields
-        first = get_lang() if get_lang() in ("zh", "en") else "en"
-        second = "en" if first == "zh" else "zh"
-        super().__init__(f"{_MESSAGES[key][first].format(**fields)}\n{_MESSAGES[key][second].format(**fields)}")
-
-    def message(self, lang: str = "en") -> str:
-        return _MESSAGES[self.key][lang].format(**self.fields)
-
-
-# ------------------------------------------------------------------------------------ helpers
-def _world(group) -> tuple[int, int]:
-    if not dist.is_available() or not dist.is_initialized():
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
-def _src(group) -> int:
-    """Global rank of the group's rank 0 (what ``dist.broadcast`` wants as ``src``)."""
-    return 0 if group is None else dist.get_global_rank(group, 0)
-
-
-def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _tensors_in(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensors_in(x)
-
-
-def params_reached(outputs: Any, index: dict[int, int]) -> set[int]:
-    """Indices (values of ``index``, keyed by ``id(param)``) of the parameters the autograd graph of
-    ``outputs`` reaches: a walk over ``grad_fn.next_functions`` down to the ``AccumulateGrad`` leaves.
-    This is the per-iteration graph traversal that ``find_unused_parameters=True`` pays for."""
-    found: set[int] = set()
-    seen: set[Any] = set()
-    stack = []
-    for t in _tensors_in(outputs):
-        if t.grad_fn is not None:
-            stack.append(t.grad_fn)
-        elif t.requires_grad and id(t) in index:  # forward returned a parameter itself
-            found.add(index[id(t)])
-    while stack:
-        fn = stack.pop()
-        if fn in seen:
-            continue
-        seen.add(fn)
-        var = getattr(fn, "variable", None)  # AccumulateGrad: the leaf it accumulates into
-        if var is not None and id(var) in index:
-            found.add(index[id(var)])
-        for nxt, _ in fn.next_functions:
-            if nxt is not None and nxt not in seen:
-                stack.append(nxt)
-    return found
-
-
-def _broadcast_coalesced(tensors: list[torch.Tensor], group) -> int:
-    """Broadcast ``tensors`` from the group's rank 0, one flat buffer per dtype/device. Returns the
-    number of collectives issued."""
-    by_key: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        by_key.setdefault((t.dtype, t.device), []).append(t)
-    issued = 0
-    with torch.no_grad():
-        for ts in by_key.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in ts])
-            dist.broadcast(flat, src=_src(group), group=group)
-            issued += 1
-            offset = 0
-            for t in ts:
-                n = t.numel()
-                t.copy_(flat[offset:offset + n].view_as(t))
-                offset += n
-    return issued
-
-
-@dataclass
-class Bucket:
-    """One bucket: its parameters (indices into ``DDP.param_names``), their place in the flat buffer,
-    and the state of the current iteration."""
-
-    index: int
-    params: list[int]
-    offsets: list[int]
-    numels: list[int]
-    buffer: torch.Tensor
-    pending: int = 0
-    work: Any = None
-    launched_in_backward: bool = False
-    names: list[str] = field(default_factory=list)
-
-    @property
-    def nbytes(self) -> int:
-        return self.buffer.numel() * self.buffer.element_size()
-
-
-class HookBucket:
-    """What a communication hook receives: the methods of PyTorch's ``dist.GradBucket`` that hooks use."""
-
-    def __init__(self, bucket: Bucket, params: list[torch.Tensor], num_buckets: int):
-        self._bucket, self._params, self._num_buckets = bucket, params, num_buckets
-        self._buffer = bucket.buffer
-
-    def index(self) -> int:
-        return self._bucket.index
-
-    def buffer(self) -> torch.Tensor:
-        return self._buffer
-
-    def set_buffer(self, tensor: torch.Tensor) -> None:
-        self._buffer = tensor
-
-    def gradients(self) -> list[torch.Tensor]:
-        """Per-parameter views of the buffer, shaped like the parameters."""
-        b = self._bucket
-        return [self._buffer[o:o + n].view_as(p) for o, n, p in zip(b.offsets, b.numels, self._params)]
-
-    def parameters(self) -> list[torch.Tensor]:
-        return list(self._params)
-
-    def is_last(self) -> bool:
-        """The last bucket of the step (PyTorch: the one holding the first layers)."""
-        return self._bucket.index == self._num_buckets - 1
+class DDPError(LabError, RuntimeError):
+    """An error of :class:`DDP` in training (a ``RuntimeError``, as PyTorch's), bilingual: the
+    learner's language first. Keys: ``ddp_unused_params``, ``ddp_ready_twice``, ``ddp_not_in_group``,
+    ``ddp_model_mismatch``, ``ddp_hook_twice``, ``ddp_hook_late``."""
 
 
 # ------------------------------------------------------------------------------------ the wrapper
@@ -273,11 +111,11 @@ class DDP(nn.Module):
     be built on ``ddp.parameters()`` or ``ddp.module.parameters()`` (the same tensors).
     """
 
-    def __init__(self, module: nn.Module, *, process_group=None, bucket_cap_mb: float = 25.0,
+    def __init__(self, module: nn.Module, *, process_group: Group = None, bucket_cap_mb: float = 25.0,
                  overlap: bool = True, find_unused_parameters: bool = False, broadcast_buffers: bool = True):
         super().__init__()
-        if not bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r} / bucket_cap_mb 必须大于 0")
+        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
+            raise LabError("ddp_bad_bucket_cap", value=bucket_cap_mb)
         self.module = module
         self.process_group = process_group
         self.bucket_cap_mb = float(bucket_cap_mb)
@@ -286,9 +124,10 @@ class DDP(nn.Module):
         self.broadcast_buffers = bool(broadcast_buffers)
         self._require_forward_param_sync = True
         self.require_backward_grad_sync = True
-        self.rank, self.world_size = _world(process_group)
-        if self.rank < 0:
-            raise DDPError("not_in_group", rank=dist.get_rank())
+        if not groups.is_member(process_group):
+            raise DDPError("ddp_not_in_group", rank=dist.get_rank())
+        self._comm = Comm(process_group)       # every collective of this wrapper, counted
+        self.rank, self.world_size = self._comm.rank, self._comm.size
         self.distributed = self.world_size > 1
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]  # tied: listed once
@@ -303,18 +142,16 @@ class DDP(nn.Module):
         self._locator: list[tuple[int, int]] = []
         self._hook_handles: list[Any] = []
         self._comm_hook: tuple[Any, Any] | None = None
-        # counters
+        # counters (the rest are read from self._comm)
         self.init_collectives = 0
-        self.total_collectives = 0
-        self.total_bytes = 0
         self.sync_steps = 0
         self.last_step: dict[str, Any] = {"collectives": 0, "bytes": 0, "launched_in_backward": 0,
                                           "globally_unused": [], "hook_calls": 0}
         if not self.distributed:
             return
         self._check_same_model()
-        self.init_collectives += _broadcast_coalesced(
-            [p for p in module.parameters()] + self._buffer_list, process_group)
+        broadcast_coalesced([p for p in module.parameters()] + self._buffer_list, self._comm)
+        self.init_collectives = self._comm.total("calls")
         self._build_buckets()
         self._register_hooks()
         n = len(self._params)
@@ -329,11 +166,9 @@ class DDP(nn.Module):
                 sig = (sig * 1_000_003 + d + i) % (2 ** 61 - 1)
         mine = torch.tensor([len(self._params), sum(p.numel() for p in self._params), sig], dtype=torch.int64,
                             device=self._device)
-        every = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(every, mine, group=self.process_group)
-        self.init_collectives += 1
+        every = self._comm.all_gather_list(mine)
         if any(not torch.equal(every[0], t) for t in every):
-            raise DDPError("model_mismatch", detail=[t.cpu().tolist() for t in every])
+            raise DDPError("ddp_model_mismatch", detail=[t.cpu().tolist() for t in every])
 
     def _build_buckets(self) -> None:
         cap = self.bucket_cap_mb * MB
@@ -381,10 +216,9 @@ class DDP(nn.Module):
         (PyTorch's signature, see the module docstring). Once, before the first backward. The hook's
         state counts its own bytes: :meth:`stats` then reports hook calls, not bytes."""
         if self._comm_hook is not None:
-            raise RuntimeError("register_comm_hook can only be called once / register_comm_hook 只能调用一次")
+            raise DDPError("ddp_hook_twice")
         if self.sync_steps:
-            raise RuntimeError("register_comm_hook must be called before the first backward / "
-                               "register_comm_hook 必须在第一次 backward 之前调用")
+            raise DDPError("ddp_hook_late")
         self._comm_hook = (state, hook)
 
     def remove_hooks(self) -> None:
@@ -402,8 +236,7 @@ class DDP(nn.Module):
         self._used_in_graph: set[int] = set()
         self._ready = [False] * len(self._params)
         self._next_bucket = 0
-        self._step_collectives = 0
-        self._step_bytes = 0
+        self._step_start = self._comm.counts()   # this step's collectives: counted from here
         self._step_launched_in_backward = 0
         self._step_hook_calls = 0
         for b in self.buckets:
@@ -419,8 +252,7 @@ class DDP(nn.Module):
         # no_sync). The first forward always broadcasts; eval / no_grad forwards do not make the
         # next one broadcast, so a rank-0-only evaluation under no_grad issues no collective.
         if self.broadcast_buffers and self._buffer_list and self._require_forward_param_sync:
-            n = _broadcast_coalesced(self._buffer_list, self.process_group)
-            self.total_collectives += n
+            broadcast_coalesced(self._buffer_list, self._comm)
         out = self.module(*args, **kwargs)
         self._require_forward_param_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
@@ -456,7 +288,7 @@ class DDP(nn.Module):
                     if j != i and j not in self._used_in_graph and not self._ready[j]:
                         self._mark_ready(j)
         if self._ready[i]:
-            raise DDPError("ready_twice", name=self.param_names[i])
+            raise DDPError("ddp_ready_twice", name=self.param_names[i])
         self._mark_ready(i)
 
     def _copy_into_bucket(self, i: int) -> None:
@@ -485,8 +317,7 @@ class DDP(nn.Module):
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
             bucket = self.buckets[self._next_bucket]
             if self._comm_hook is None:
-                bucket.work = dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True)
-                self._count(bucket.nbytes)
+                bucket.work = self._comm.all_reduce(bucket.buffer, async_op=True)
             else:
                 state, hook = self._comm_hook
                 bucket.work = hook(state, HookBucket(bucket, [self._params[i] for i in bucket.params],
@@ -495,10 +326,6 @@ class DDP(nn.Module):
             bucket.launched_in_backward = not self._in_finalize
             self._step_launched_in_backward += bucket.launched_in_backward
             self._next_bucket += 1
-
-    def _count(self, nbytes: int) -> None:
-        self._step_collectives += 1
-        self._step_bytes += nbytes
 
     def _finalize_backward(self) -> None:
         """Runs on the autograd engine when backward ends: wait for every bucket, write the averaged
@@ -514,7 +341,7 @@ class DDP(nn.Module):
                 for b in self.buckets:  # launched ones were launched on every rank: let them finish
                     if b.work is not None:
                         b.work.wait()
-                raise DDPError("unused_params", rank=self.rank, count=len(missing),
+                raise DDPError("ddp_unused_params", rank=self.rank, count=len(missing),
                                names=", ".join(self.param_names[j] for j in missing),
                                buckets=sorted({self._locator[j][0] for j in missing}))
             if not self.overlap:
@@ -524,8 +351,7 @@ class DDP(nn.Module):
             used_work = used = None
             if self.find_unused_parameters:
                 used = self._locally_used.clone()
-                used_work = dist.all_reduce(used, group=self.process_group, async_op=True)
-                self._count(used.numel() * used.element_size())
+                used_work = self._comm.all_reduce(used, async_op=True)
             for b in self.buckets:
                 result = b.work.wait()
                 if self._comm_hook is not None and result is not b.buffer:  # a hook's future: the average
@@ -548,15 +374,24 @@ class DDP(nn.Module):
                             p.grad.copy_(avg)
             self._locally_used.zero_()
             self.sync_steps += 1
-            self.total_collectives += self._step_collectives
-            self.total_bytes += self._step_bytes
-            self.last_step = {"collectives": self._step_collectives, "bytes": self._step_bytes,
+            step = self._comm.since(self._step_start)
+            self.last_step = {"collectives": step["calls"]["all_reduce"], "bytes": step["payload"]["all_reduce"],
                               "launched_in_backward": self._step_launched_in_backward,
                               "globally_unused": unused, "hook_calls": self._step_hook_calls}
         finally:
             self._reset_iteration()
 
     # ---------------------------------------------------------------- introspection
+    @property
+    def total_collectives(self) -> int:
+        """Collectives issued since construction (buffer broadcasts and gradient all-reduces)."""
+        return int(self._comm.total("calls")) - self.init_collectives
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes all-reduced (the payload passed in) since construction."""
+        return int(self._comm.payload["all_reduce"])
+
     def stats(self) -> dict:
         """Counters: buckets and their sizes, collectives issued (construction, total, last step),
         bytes all-reduced (total, last step), buckets launched while backward still ran."""
@@ -580,53 +415,3 @@ class DDP(nn.Module):
     def extra_repr(self) -> str:
         return (f"world_size={self.world_size}, buckets={len(self.buckets)}, bucket_cap_mb={self.bucket_cap_mb:g}, "
                 f"overlap={self.overlap}, find_unused_parameters={self.find_unused_parameters}")
-
-
-# ------------------------------------------------------------------------------------ baseline
-def naive_allreduce_grads(model: nn.Module, group=None) -> dict:
-    """The baseline: after backward, one blocking all-reduce per parameter gradient, then divide by
-    the world size. Returns ``{"collectives": n, "bytes": b}``.
-
-    Every rank must have the same parameters with a gradient (a ``None`` gradient on one rank only
-    would pair different tensors across ranks). No-op on a world of one.
-    """
-    _, ws = _world(group)
-    issued = nbytes = 0
-    if ws == 1:
-        return {"collectives": 0, "bytes": 0}
-    for p in model.parameters():  # tied parameters listed once
-        if p.grad is None:
-            continue
-        dist.all_reduce(p.grad, group=group)
-        p.grad.div_(ws)
-        issued += 1
-        nbytes += p.grad.numel() * p.grad.element_size()
-    return {"collectives": issued, "bytes": nbytes}
-
-
-# ------------------------------------------------------------------------------------ benchmark
-def bench_ddp(repeats: int = 5, nproc: int = 2, steps: int = 20, d_hidden: int = 256, depth: int = 4,
-              batch: int = 64, timeout: float = 300) -> dict:
-    """Step time of :class:`DDP` against ``torch.nn.parallel.DistributedDataParallel`` on ``nproc``
-    CPU ranks, measured in the same run (``dtrain_lab.demos.ddp_step_time``). Returns a bench row::
-
-        {"name": "ddp_step_time", "ratio": ours / torch, "ours_s": ..., "torch_s": ..., ...}
-
-    ``ratio`` compares median step times (forward + backward + SGD step, ``steps`` steps per timed
-    block, blocks of each variant alternated ``repeats`` times). Also reported: ``no_overlap_s`` and
-    ``naive_s`` (one all-reduce per parameter) with their ratios to PyTorch.
-    """
-    from dtrain_lab.jobs.launch import launch
-
-    r = launch("dtrain_lab.demos.ddp_step_time", nproc=nproc, timeout=timeout, quiet=True,
-               args=[repeats, steps, d_hidden, depth, batch])
-    if not r.ok:
-        raise RuntimeError(r.summary())
-    m = r.metrics[0]
-    row = {"name": "ddp_step_time", "nproc": nproc, "backend": m["backend"], "repeats": repeats, "steps": steps,
-           "params": m["params"], "buckets": m["buckets"], "ours_s": m["ours_s"], "torch_s": m["torch_s"],
-           "no_overlap_s": m["no_overlap_s"], "naive_s": m["naive_s"]}
-    row["ratio"] = row["ours_s"] / row["torch_s"]
-    row["no_overlap_ratio"] = row["no_overlap_s"] / row["torch_s"]
-    row["naive_ratio"] = row["naive_s"] / row["torch_s"]
-    return row

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
+from dtrain_lab.comm.counted import CommTrace
 from dtrain_lab.jobs import runtime
 from dtrain_lab.data import classification_dataset, global_batch, regression_dataset, shard, token_dataset
 from dtrain_lab.parallel.ddp import DDP, DDPError, naive_allreduce_grads
@@ -205,19 +206,26 @@ def check_unused_error(rank: int, world: int) -> dict:
 
 
 def check_collective_counts(rank: int, world: int) -> dict:
-    """Bucketed DDP issues fewer all-reduces than one per parameter, with the same result."""
+    """Bucketed DDP issues fewer all-reduces than one per parameter, with the same result; what the
+    wrapper counts is what a CommTrace (CommDebugMode's dispatch mode) saw go through c10d."""
     x, y = shard(global_batch(dataset("mlp"), 0, PER_RANK * world), rank, world)
     a, b = build("mlp"), build("mlp")
-    net = DDP(a)
-    F.mse_loss(net(x), y).backward()
+    with CommTrace() as t_init:
+        net = DDP(a)
+    with CommTrace() as t_step:
+        F.mse_loss(net(x), y).backward()
     F.mse_loss(b(x), y).backward()
-    naive = naive_allreduce_grads(b)
+    with CommTrace() as t_naive:
+        naive = naive_allreduce_grads(b)
     grads_equal = all(torch.allclose(p.grad, q.grad, rtol=1e-6, atol=1e-7) for p, q in zip(a.parameters(), b.parameters()))
     tiny = DDP(build("mlp"), bucket_cap_mb=ONE_PER_PARAM_MB)
-    F.mse_loss(tiny(x), y).backward()
+    with CommTrace() as t_tiny:
+        F.mse_loss(tiny(x), y).backward()
     return {"bucketed": net.stats()["step_collectives"], "bucketed_bytes": net.stats()["step_bytes"],
             "naive": naive["collectives"], "naive_bytes": naive["bytes"], "grads_equal": grads_equal,
-            "one_per_param": tiny.stats()["step_collectives"], "num_params": len(list(a.parameters()))}
+            "one_per_param": tiny.stats()["step_collectives"], "num_params": len(list(a.parameters())),
+            "init_collectives": net.stats()["init_collectives"], "traced_init": t_init.summary()["counts"],
+            "traced_step": t_step.summary(), "traced_naive": t_naive.summary(), "traced_tiny": t_tiny.summary()}
 
 
 def check_init_broadcast(rank: int) -> dict:
