@@ -1,0 +1,41 @@
+"""Count what a process hands to its communication backend, calls and bytes, point to point included.
+
+``CommDebugMode`` counts collectives but not ``send``/``recv`` (nor ``batch_isend_irecv``), which ring
+attention and pipelines are made of. The PyTorch profiler records every call the backend makes
+(``gloo:all_reduce``, ``gloo:send``, ``nccl:all_to_all`` …) with its tensor's shape and dtype, without
+touching ``torch.distributed``::
+
+    with counted() as comm:
+        step()
+    comm["all_to_all"]  # {"calls": 5, "bytes": 1234}
+
+Bytes are the payload of each call: the tensor given to it (for all_to_all the whole input buffer,
+for send/recv the message). Used by the lesson-13 demos and the planner's validation run.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+_DTYPE_BYTES = {"float": 4, "double": 8, "long int": 8, "int": 4, "c10::Half": 2, "c10::BFloat16": 2,
+                "bool": 1, "signed char": 1, "unsigned char": 1, "short int": 2}
+_BACKENDS = ("gloo:", "nccl:")
+
+
+@contextlib.contextmanager
+def counted():
+    """Profile the block; afterwards the yielded dict maps each backend op to ``{"calls", "bytes"}``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict = {}
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        yield out
+    for e in prof.events():
+        if not e.name.startswith(_BACKENDS):
+            continue
+        op = e.name.split(":", 1)[1]
+        shape = e.input_shapes[0] if e.input_shapes else []
+        dtype = e.input_dtypes[0] if e.input_dtypes else "float"
+        entry = out.setdefault(op, {"calls": 0, "bytes": 0})
+        entry["calls"] += 1
+        entry["bytes"] += math.prod(shape) * _DTYPE_BYTES.get(dtype, 4)
