@@ -1,0 +1,355 @@
+"""A Gradescope autograder per lab: ``dtrain-lab autograder build LAB --out FILE.zip``.
+
+    dtrain-lab autograder build lab10 --out lab10_autograder.zip          # LAB: lab10, 10 or lab_10_deadlocks
+    dtrain-lab autograder build 11 --exercise lab11.roce --out roce.zip    # one .env exercise per assignment
+    dtrain-lab autograder build --help                                     # lists the labs
+
+The zip holds, at its root, what Gradescope's specification asks for
+(gradescope-autograders.readthedocs.io/en/latest/specs/) and what they need:
+
+* ``setup.sh``: run once, as root, when Gradescope builds the image; installs the course wheel with
+  its pinned dependencies into ``/opt/dtrain-lab/venv`` (torch's CPU build from
+  https://download.pytorch.org/whl/cpu) and creates the unprivileged user submissions run as;
+* ``run_autograder``: run as root for every submission; calls ``python -m
+  dtrain_lab.grading.autograder run`` and, should that fail, still leaves a valid score-0 results.json;
+* ``autograder.json`` (the lab, its exercises, the language, the visibility), ``wheels/`` (the course
+  as a wheel, built from this checkout with ``pip wheel --no-deps``) and ``hidden/`` (instructor
+  hidden-check modules, ``--hidden-checks FILE.py``, imported in the root grader process only).
+
+A submission is one ``.ipynb`` (lab 11 also: one ``.env``). None, several or a malformed one gives
+an error row, score 0 and still a valid results.json. Each configured exercise gets a test row:
+``name``, ``score``, ``max_score``, ``status``, ``output`` (at most 64 KiB), ``visibility``;
+per-test time is not a field of Gradescope's test objects, so it goes in ``extra_data.execution_time``,
+and the whole run's in the top-level ``execution_time``. results.json is rewritten (atomically)
+after each exercise, so a grader stopped half-way still reports what it graded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from dtrain_lab.i18n import LANGS, LabError, both, get_lang, tr
+
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+OUTPUT_LIMIT = 64 * 1024            # bytes of UTF-8 per test output and for the top-level output
+VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
+SANDBOX_USER = "dtrain-student"
+FILES = Path(__file__).resolve().parent / "autograder_files"
+ROOT = Path(__file__).resolve().parents[2]     # the checkout, when there is one
+
+
+# --- labs -------------------------------------------------------------------------------------------
+
+def labs() -> dict[str, str]:
+    """``{"lab_10": "lab_10_deadlocks", ...}``: every lab the registry grades, with its notebook's
+    name where this is a checkout (``solutions/_source/lab_NN_*.md``)."""
+    from dtrain_lab.grading import registry
+
+    names = {p.stem[:6]: p.stem for p in sorted((ROOT / "solutions" / "_source").glob("lab_[0-9][0-9]_*.md"))}
+    return {lab: names.get(lab, lab) for lab in sorted({e.lab for e in registry.all_exercises() if e.lab})}
+
+
+def resolve_lab(text: str) -> str:
+    """``lab10``, ``10``, ``lab_10``, ``lab-10`` or ``lab_10_deadlocks`` -> ``lab_10``."""
+    known = labs()
+    m = re.fullmatch(r"(?:lab[_-]?)?0*(\d{1,3})(?:[_-](\w[\w-]*))?", str(text).strip().lower())
+    lab = f"lab_{int(m.group(1)):02d}" if m else None
+    if lab not in known or (m.group(2) and known[lab] != lab and f"{lab}_{m.group(2)}" != known[lab]):
+        raise LabError("ag_unknown_lab", lab=str(text), known=", ".join(f"{k} ({v})" for k, v in known.items()))
+    return lab
+
+
+def lab_exercises(lab: str, only: list[str] | None = None) -> list[str]:
+    from dtrain_lab.grading import registry
+
+    ids = [e.id for e in registry.all_exercises() if e.lab == lab]
+    for ex_id in only or ():
+        if ex_id not in ids:
+            raise LabError("ag_unknown_exercise", id=ex_id, lab=lab, known=", ".join(ids))
+    return [i for i in ids if not only or i in only]
+
+
+# --- results.json -----------------------------------------------------------------------------------
+
+def truncate(text: str, limit: int = OUTPUT_LIMIT) -> str:
+    """At most ``limit`` bytes of UTF-8, cut on a character boundary, saying that it was cut."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    note = f"\n… [{len(data) - limit} bytes cut]"
+    return data[:limit - len(note.encode("utf-8"))].decode("utf-8", errors="ignore") + note
+
+
+def gradescope_json(verdicts: list, *, lang: str, output: str = "", visibility: str = "visible",
+                    execution_time: float | None = None, extra: dict | None = None, file: str | None = None) -> dict:
+    """Gradescope's results.json for ONE submission, from its verdicts (``Verdict`` or their dicts)."""
+    from dtrain_lab.grading import registry
+
+    tests = []
+    for v in verdicts:
+        d = v if isinstance(v, dict) else v.to_json()
+        try:
+            title = registry.get(d["exercise"]).title[lang]
+        except (LabError, KeyError):
+            title = ""
+        name = f"{title} ({d['exercise']})" if title else (d["exercise"] or tr("ag_submission_test", lang))
+        tests.append({"name": name, "score": float(d["score"]), "max_score": float(d["max_score"]),
+                      "status": "passed" if d["passed"] else "failed", "output": truncate(d["feedback"]),
+                      "visibility": visibility,
+                      "extra_data": {"exercise": d["exercise"], "outcome": d["outcome"],
+                                     "execution_time": round(float(d.get("elapsed") or 0.0), 3)}})
+    total = sum(t["extra_data"]["execution_time"] for t in tests)
+    result = {"score": sum(t["score"] for t in tests),
+              "execution_time": int(round(execution_time if execution_time is not None else total)),
+              "output": truncate(output or tr("ag_output", lang, score=sum(t["score"] for t in tests),
+                                              max_score=sum(t["max_score"] for t in tests), file=file or "-")),
+              "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
+    if extra:
+        result["extra_data"] = extra
+    return result
+
+
+# --- build ------------------------------------------------------------------------------------------
+
+def _pins(wheel: Path) -> dict[str, str]:
+    """``{"torch": "2.13.0", "deepspeed": "0.19.8"}``: the exact pins in the wheel's metadata."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode("utf-8")
+    return dict(re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)==([^\s;]+)\s*$", text, re.M))
+
+
+def build_wheel(dest: Path) -> Path:
+    """The course as a wheel, built from a copy of this checkout (nothing is written into it)."""
+    if not (ROOT / "pyproject.toml").is_file():
+        raise LabError("ag_no_checkout", root=str(ROOT))
+    with tempfile.TemporaryDirectory(prefix="dtrain-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        for name in ("pyproject.toml", "README.md", "LICENSE"):
+            if (ROOT / name).exists():
+                shutil.copy2(ROOT / name, src / name)
+        shutil.copytree(ROOT / "dtrain_lab", src / "dtrain_lab",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "autograder_files"))
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dest), str(src)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        wheels = sorted(dest.glob("dtrain_lab-*.whl"))
+        if r.returncode != 0 or not wheels:
+            raise LabError("ag_wheel_failed", why=(r.stderr or r.stdout).strip()[-1500:])
+        return wheels[-1]
+
+
+def build(lab: str, out: str | os.PathLike, *, exercises: list[str] | None = None, lang: str | None = None,
+          visibility: str = "visible", hidden_checks: list[str] = ()) -> Path:
+    """Write the autograder zip of ``lab`` to ``out``; returns its path."""
+    lang = lang or get_lang()
+    lab = resolve_lab(lab)
+    ids = lab_exercises(lab, exercises)
+    if visibility not in VISIBILITIES:
+        raise LabError("ag_bad_visibility", value=visibility, known=", ".join(VISIBILITIES))
+    out = Path(out)
+    from dtrain_lab.grading import registry
+
+    config = {"lab": lab, "name": labs()[lab], "exercises": ids, "lang": lang, "visibility": visibility,
+              "sandbox_user": SANDBOX_USER, "hidden_checks": [Path(h).stem for h in hidden_checks],
+              "max_score": sum(registry.get(i).max_score for i in ids)}
+    with tempfile.TemporaryDirectory(prefix="dtrain-ag-") as tmp:
+        wheel = build_wheel(Path(tmp))
+        pins = _pins(wheel)
+        failed = gradescope_json([], lang=lang, output=both("ag_internal_error", why="run_autograder"))
+        fill = {"@LAB_NAME@": config["name"], "@TORCH_INDEX@": CPU_TORCH_INDEX, "@SANDBOX_USER@": SANDBOX_USER,
+                "@TORCH_VERSION@": pins["torch"], "@DEEPSPEED_VERSION@": pins["deepspeed"],
+                "@FAILED_JSON@": json.dumps(failed, ensure_ascii=False)}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        part = out.with_name(out.name + ".part")
+        with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as z:
+            for name in ("setup.sh", "run_autograder"):
+                text = (FILES / name).read_text(encoding="utf-8")
+                for key, value in fill.items():
+                    text = text.replace(key, value)
+                info = zipfile.ZipInfo(name, date_time=time.localtime()[:6])
+                info.external_attr = 0o100755 << 16     # executable once unzipped
+                info.compress_type = zipfile.ZIP_DEFLATED
+                z.writestr(info, text)
+            z.writestr("autograder.json", json.dumps(config, ensure_ascii=False, indent=2))
+            z.write(wheel, f"wheels/{wheel.name}")
+            for h in hidden_checks:
+                z.write(h, f"hidden/{Path(h).name}")
+        os.replace(part, out)
+    return out
+
+
+# --- run (inside Gradescope's container) ------------------------------------------------------------
+
+def _files(folder: Path) -> list[Path]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__MACOSX")
+        found += [Path(dirpath) / f for f in sorted(filenames) if not f.startswith(".")]
+    return found
+
+
+def _row(key: str, lang: str, *, exercise: str = "", max_score: int = 0, **fields) -> dict:
+    from dtrain_lab.grading.classrun import _error_row
+
+    return _error_row(key, lang, exercise=exercise, max_score=max_score, **fields)
+
+
+def grade_submission(root: Path, config: dict, write) -> list[dict]:
+    """Grade the one submission under ``root/submission``; ``write(rows)`` is called after each step."""
+    from dtrain_lab.grading import grade, registry
+    from dtrain_lab.grading.classrun import BOM, MAX_FILE_BYTES, match_file, notebook_exercises
+
+    lang, ids = config["lang"], config["exercises"]
+    static = [i for i in ids if registry.get(i).filename.endswith(".env")]
+    kinds = (".ipynb", ".env") if static else (".ipynb",)
+    kind_text = tr("ag_kind_env" if static else "ag_kind_notebook", lang)
+    sub = root / "submission"
+    files = _files(sub) if sub.is_dir() else []
+    candidates = [f for f in files if f.suffix.lower() in kinds and not f.is_symlink()]
+    extra = [_row("class_symlink" if f.is_symlink() else "class_loose_py" if f.suffix == ".py" else "class_unknown_file",
+                  lang, file=f.relative_to(sub).as_posix()) for f in files if f not in candidates]
+    zero = [_row("ag_not_graded", lang, exercise=i, max_score=registry.get(i).max_score,
+                 title=registry.get(i).title[lang]) for i in ids]
+    if len(candidates) != 1:
+        head = (_row("ag_no_submission", lang, kind=kind_text) if not candidates else
+                _row("ag_several", lang, n=len(candidates), kind=kind_text,
+                     names=", ".join(f.relative_to(sub).as_posix() for f in candidates)))
+        return [head] + extra + zero
+    file = candidates[0]
+    rel = file.relative_to(sub).as_posix()
+    with open(file, "rb") as f:
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        return [_row("class_too_large", lang, file=rel, size=file.stat().st_size, limit=MAX_FILE_BYTES)] + extra + zero
+    data = data[len(BOM):] if data.startswith(BOM) else data
+    work = Path(tempfile.mkdtemp(prefix="dtrain-ag-"))
+    try:
+        if file.suffix.lower() == ".env":
+            only = static if len(static) == 1 else [i for i in match_file(file.name, ".env") if i in static]
+            if len(only) != 1:
+                known = ", ".join(registry.get(i).filename for i in static)
+                return [_row("class_unknown_env", lang, file=rel, known=known)] + extra + zero
+            todo = {only[0]: data}
+        else:
+            found, why = notebook_exercises(data)
+            if found is None:
+                return [_row("class_bad_notebook", lang, file=rel, why=why[:300])] + extra + zero
+            from dtrain_lab.grading import submissions_in_notebook
+
+            nb = work / "submission.ipynb"
+            nb.write_bytes(data)
+            sources = submissions_in_notebook(nb)
+            todo = {i: sources[i].encode("utf-8") for i in ids if i in sources}
+        rows = {i: r for i, r in zip(ids, zero)}
+        for i in ids:
+            if i not in todo:
+                rows[i] = _row("class_not_submitted", lang, exercise=i, max_score=registry.get(i).max_score,
+                               title=registry.get(i).title[lang], file=rel)
+        for ex_id, body in todo.items():
+            path = work / registry.get(ex_id).filename
+            path.write_bytes(body)
+            try:
+                rows[ex_id] = grade(ex_id, path, lang=lang).to_json()
+            except Exception as exc:  # noqa: BLE001 - one exercise's failure never costs the others
+                rows[ex_id] = _row("class_worker_failed", lang, exercise=ex_id, max_score=registry.get(ex_id).max_score,
+                                   file=rel, why=f"{type(exc).__name__}: {exc}"[:400])
+            write(list(rows.values()) + extra)
+        return list(rows.values()) + extra
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(root: str | os.PathLike) -> int:
+    """``run_autograder``'s work: grade ``root/submission`` into ``root/results/results.json``."""
+    from dtrain_lab.grading.classrun import write_atomic
+
+    root = Path(root)
+    t0 = time.monotonic()
+    results = root / "results" / "results.json"
+    (root / "results").mkdir(parents=True, exist_ok=True)
+    config, lang = {}, get_lang()
+    try:
+        config = json.loads((root / "source" / "autograder.json").read_text(encoding="utf-8"))
+        lang = config.get("lang") if config.get("lang") in LANGS else lang
+        _load_hidden_checks(root / "source" / "hidden", config.get("hidden_checks", []))
+        import dtrain_lab
+
+        extra = {"lab": config["lab"], "package": str(Path(dtrain_lab.__file__).parent),
+                 "version": dtrain_lab.__version__}
+
+        def write(rows):
+            doc = gradescope_json(rows, lang=lang, visibility=config.get("visibility", "visible"),
+                                  execution_time=time.monotonic() - t0, extra=extra)
+            write_atomic(results, json.dumps(doc, ensure_ascii=False, indent=2))
+
+        rows = grade_submission(root, config, write)
+        write(rows)
+    except Exception as exc:  # noqa: BLE001 - Gradescope must always get a results.json
+        doc = gradescope_json([], lang=lang, output=tr("ag_internal_error", lang, why=f"{type(exc).__name__}: {exc}"),
+                              execution_time=time.monotonic() - t0)
+        write_atomic(results, json.dumps(doc, ensure_ascii=False, indent=2))
+        print(f"dtrain-lab autograder: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _load_hidden_checks(folder: Path, names: list[str]) -> None:
+    """Instructor checks: imported here, in the root grader process, never inside a sandbox."""
+    import importlib
+
+    if not names:
+        return
+    sys.path.insert(0, str(folder))
+    try:
+        for name in names:
+            importlib.import_module(name)
+    finally:
+        sys.path.remove(str(folder))
+
+
+# --- command line -----------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="dtrain-lab autograder", description=tr("ag_help"))
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    listing = "labs: " + ", ".join(f"{k[4:]} = {k} = {v}" for k, v in labs().items())
+    b = sub.add_parser("build", help="write a Gradescope autograder zip for one lab", epilog=listing,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("lab", metavar="LAB", help="lab10, 10 or lab_10_deadlocks (" + ", ".join(labs()) + ")")
+    b.add_argument("--out", required=True, metavar="FILE.zip")
+    b.add_argument("--exercise", action="append", metavar="ID", help="only these exercises (repeatable)")
+    b.add_argument("--visibility", default="visible", choices=VISIBILITIES)
+    b.add_argument("--hidden-checks", action="append", default=[], metavar="FILE.py",
+                   help="instructor check module, imported in the root grader only (repeatable)")
+    b.add_argument("--lang", choices=LANGS, help="language of the feedback (default: yours)")
+    r = sub.add_parser("run", help="inside Gradescope: grade $AUTOGRADER_ROOT/submission (run_autograder calls it)")
+    r.add_argument("--root", default=os.environ.get("AUTOGRADER_ROOT", "/autograder"))
+    args = ap.parse_args(argv)
+    if args.cmd == "run":
+        return run(args.root)
+    for h in args.hidden_checks:
+        if not Path(h).is_file() or Path(h).suffix != ".py":
+            raise LabError("ag_bad_hidden", file=h)
+    out = build(args.lab, args.out, exercises=args.exercise, lang=args.lang, visibility=args.visibility,
+                hidden_checks=args.hidden_checks)
+    with zipfile.ZipFile(out) as z:
+        config = json.loads(z.read("autograder.json"))
+    print(tr("ag_built", args.lang, out=str(out), lab=config["name"], n=len(config["exercises"]),
+             points=config["max_score"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

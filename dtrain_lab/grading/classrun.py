@@ -1,0 +1,477 @@
+"""Grading a class: ``dtrain-lab grade FOLDER -j N``.
+
+    dtrain-lab grade submissions/ -j 2                 # results.json + gradebook.csv in submissions_grades/
+    dtrain-lab grade submissions/ -j 4 --lab 10 --out grades/
+
+Every file under ``FOLDER`` gets a row, whatever it is:
+
+* ``NAME.ipynb`` (or ``NAME/….ipynb``): a learner's lab notebook; each ``%%writefile`` cell that
+  writes an exercise's file is graded (with ``--lab``, every exercise of the lab gets a row, a
+  missing one scoring 0);
+* ``….env`` named after a lab 11 exercise (``alice_lab11_roce.env``): read, never run;
+* a malformed notebook, a loose ``.py``, a symbolic link, an oversized or unknown file: an
+  ``error`` row with the reason in both languages. Nothing a file holds stops the run.
+
+The student is the first folder under ``FOLDER`` when files sit in per-student folders, else the
+file's name without its suffix.
+
+Isolation. Before any submission runs, each file is copied (a UTF-8 byte-order mark removed) into
+a private folder of its own (mode 0700) under a fresh temporary root; what is graded is that
+copy, so no submission can change another's file or its own after the snapshot. Each submission
+is then graded by a worker process of its own (``python -m dtrain_lab.grading.classrun --worker
+DIR``, its own session), at most ``-j`` at a time; the worker calls :func:`dtrain_lab.grading.grade`
+for each exercise, which runs the code in the grader's sandbox. A worker that outlives its budget
+is killed with its process group and gets ``error`` rows; a verdict it reports is checked against
+the registry (known exercise, score within the exercise's points) before it is recorded.
+
+Results. Only after every worker has exited (and any process left under this one is killed) are
+``results.json`` and ``gradebook.csv`` (student, file, exercise, score, max_score, outcome) written,
+each atomically: a temporary file, ``fsync``, ``os.replace``, ``fsync`` of the folder. A class's
+results are never a Gradescope ``results.json``: Gradescope grades one submission per container
+(``dtrain-lab autograder build``).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dtrain_lab.i18n import LabError, get_lang, rendered, tr
+
+MAX_FILE_BYTES = 20 * 1024 * 1024   # a lab notebook with its outputs is well under this
+BOM = b"\xef\xbb\xbf"
+IGNORED_DIRS = (".ipynb_checkpoints", "__MACOSX")
+FORMAT = "dtrain-lab/class-results/1"
+
+
+@dataclass
+class Item:
+    """One file of the class folder and what will be done with it."""
+    rel: str                       # path under the folder, "/"-separated
+    student: str
+    kind: str = "error"            # "notebook" | "env" | "error"
+    exercises: list = field(default_factory=list)   # exercise ids to grade
+    error: tuple | None = None     # (message key, fields) when kind == "error"
+    private: Path | None = None    # the private folder holding the copy
+    rows: list = field(default_factory=list)
+    elapsed: float = 0.0
+    data: bytes | None = field(default=None, repr=False)   # the file's bytes until they are copied
+
+
+def _error_row(key: str, lang: str, *, exercise: str = "", max_score: int = 0, **fields) -> dict:
+    return {"exercise": exercise, "passed": False, "score": 0.0, "max_score": max_score, "outcome": "error",
+            "feedback": tr(key, lang, **fields), "lang": lang, "details": {"reason": rendered(key, **fields)},
+            "elapsed": 0.0}
+
+
+def lab_of(lab: str | None) -> str | None:
+    """``10``, ``lab10``, ``lab_10`` or ``lab_10_deadlocks`` -> the registry's ``lab_10``."""
+    if lab is None:
+        return None
+    from dtrain_lab.grading.autograder import resolve_lab
+
+    return resolve_lab(lab)
+
+
+def _student(rel: str) -> str:
+    parts = rel.split("/")
+    if len(parts) > 1:
+        return parts[0]
+    name = parts[0]
+    return name[:-len(Path(name).suffix)] if Path(name).suffix else name
+
+
+def match_file(name: str, suffix: str) -> list[str]:
+    """Exercise ids whose file ``name`` ends with (``alice_lab11_roce.env`` -> ``lab11.roce``)."""
+    from dtrain_lab.grading import registry
+
+    return [e.id for e in registry.all_exercises()
+            if e.filename.endswith(suffix) and (name == e.filename or name.endswith(e.filename)
+                                                and name[-len(e.filename) - 1] in "_-. ")]
+
+
+def notebook_exercises(data: bytes) -> tuple[list[str] | None, str]:
+    """The exercise ids a notebook's graded cells write, or (None, why it is not a notebook)."""
+    from dtrain_lab.grading import submissions_in_notebook
+
+    try:
+        nb = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 text: byte {exc.start}"
+    except ValueError as exc:
+        return None, f"not JSON: {exc}"
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list) \
+            or not all(isinstance(c, dict) and isinstance(c.get("source", ""), (str, list)) for c in nb["cells"]):
+        return None, "JSON, but not a notebook (no list of cells)"
+    with tempfile.TemporaryDirectory(prefix="dtrain-nb-") as tmp:
+        path = Path(tmp) / "nb.ipynb"
+        path.write_bytes(data)
+        try:
+            return sorted(submissions_in_notebook(path)), ""
+        except Exception as exc:  # noqa: BLE001 - any malformation is a row, never a stopped run
+            return None, f"{type(exc).__name__}: {exc}"
+
+
+def scan(folder: Path, lang: str, lab: str | None = None) -> list[Item]:
+    """Every file under ``folder`` (links not followed), classified; reads each file once."""
+    from dtrain_lab.grading import registry
+
+    items: list[Item] = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames) + sorted(d for d in dirnames if os.path.islink(os.path.join(dirpath, d))):
+            path = Path(dirpath) / name
+            rel = path.relative_to(folder).as_posix()
+            item = Item(rel=rel, student=_student(rel))
+            items.append(item)
+            if path.is_symlink():
+                item.error = ("class_symlink", {"file": rel})
+                continue
+            if any(part in IGNORED_DIRS or part.startswith(".") for part in rel.split("/")):
+                item.error = ("class_hidden_file", {"file": rel})
+                continue
+            suffix = path.suffix.lower()
+            if suffix == ".py":
+                item.error = ("class_loose_py", {"file": rel})
+                continue
+            if suffix not in (".ipynb", ".env"):
+                item.error = ("class_unknown_file", {"file": rel})
+                continue
+            try:
+                size = path.stat().st_size
+                if size > MAX_FILE_BYTES:
+                    item.error = ("class_too_large", {"file": rel, "size": size, "limit": MAX_FILE_BYTES})
+                    continue
+                with open(path, "rb") as f:
+                    data = f.read(MAX_FILE_BYTES + 1)
+            except OSError as exc:
+                item.error = ("class_unreadable", {"file": rel, "why": exc.strerror or str(exc)})
+                continue
+            if len(data) > MAX_FILE_BYTES:
+                item.error = ("class_too_large", {"file": rel, "size": len(data), "limit": MAX_FILE_BYTES})
+                continue
+            data = data[len(BOM):] if data.startswith(BOM) else data
+            if suffix == ".ipynb":
+                found, why = notebook_exercises(data)
+                if found is None:
+                    item.error = ("class_bad_notebook", {"file": rel, "why": why[:300]})
+                    continue
+                if lab:
+                    found = [i for i in found if registry.get(i).lab == lab]
+                if not found and not lab:
+                    item.error = ("class_no_exercises", {"file": rel})
+                    continue
+                item.kind, item.exercises = "notebook", found
+            else:
+                matched = match_file(name, ".env")
+                if lab:
+                    matched = [i for i in matched if registry.get(i).lab == lab]
+                if len(matched) != 1:
+                    known = ", ".join(e.filename for e in registry.all_exercises() if e.filename.endswith(".env"))
+                    item.error = ("class_unknown_env", {"file": rel, "known": known})
+                    continue
+                item.kind, item.exercises = "env", matched
+            item.data = data
+    return items
+
+
+def _snapshot(items: list[Item], root: Path) -> None:
+    """Copy every gradable file into its own private folder before anything runs."""
+    for n, item in enumerate(items):
+        if item.kind == "error":
+            continue
+        private = root / f"s{n:05d}"
+        (private / "in").mkdir(parents=True, mode=0o700)
+        name = "submission.ipynb" if item.kind == "notebook" else Path(item.rel).name
+        (private / "in" / name).write_bytes(item.data)
+        item.data = None
+        job = {"kind": item.kind, "file": f"in/{name}", "rel": item.rel, "exercises": item.exercises}
+        (private / "job.json").write_text(json.dumps(job))
+        item.private = private
+
+
+def budget(exercise_ids: list[str]) -> float:
+    """Seconds a worker may take: every launch's start-up and time limits, with slack."""
+    from dtrain_lab.grading import registry
+
+    total = 30.0
+    for ex in map(registry.get, exercise_ids):
+        launches = len(ex.world_sizes) * max(1, len(ex.runs or ()))
+        total += 15.0 + launches * (max(60.0, ex.timeout) + ex.timeout + 15.0)
+    return total
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _checked_rows(item: Item, lang: str) -> list[dict]:
+    """The worker's verdicts, accepted only where they fit the registry; a gap is an error row."""
+    from dtrain_lab.grading import OUTCOMES, registry
+
+    try:
+        reported = json.loads((item.private / "result.json").read_text(encoding="utf-8"))
+        reported = {r["exercise"]: r for r in reported if isinstance(r, dict) and isinstance(r.get("exercise"), str)}
+    except (OSError, ValueError, TypeError, KeyError):
+        reported = {}
+    rows = []
+    for ex_id in item.exercises:
+        ex, r = registry.get(ex_id), reported.get(ex_id)
+        if r is None or r.get("outcome") not in OUTCOMES or not isinstance(r.get("feedback"), str):
+            log = _tail(item.private / "worker.log")
+            rows.append(_error_row("class_worker_failed", lang, exercise=ex_id, max_score=ex.max_score,
+                                   file=item.rel, why=log or "no verdict"))
+            continue
+        try:
+            score = min(max(float(r.get("score", 0.0)), 0.0), float(ex.max_score))
+        except (TypeError, ValueError):
+            score = 0.0
+        rows.append({**r, "exercise": ex_id, "max_score": ex.max_score, "passed": r["outcome"] == "pass",
+                     "score": score if r["outcome"] == "pass" else 0.0})
+    return rows
+
+
+def _tail(path: Path, limit: int = 400) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return ""
+    return text[-limit:]
+
+
+def run_class(folder: str | os.PathLike, *, jobs: int = 2, lang: str | None = None, lab: str | None = None,
+              quiet: bool = True) -> dict:
+    """Grade every file under ``folder``; returns the results (see :func:`write_results`)."""
+    from dtrain_lab.grading import registry
+
+    lang = lang or get_lang()
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise LabError("class_not_folder", folder=str(folder))
+    jobs = max(1, int(jobs))
+    lab = lab_of(lab)
+    t0 = time.monotonic()
+    items = scan(folder, lang, lab)
+    root = Path(tempfile.mkdtemp(prefix="dtrain-class-"))
+    os.chmod(root, 0o700)
+    interrupted = False
+    try:
+        _snapshot(items, root)
+        pending = [i for i in items if i.kind != "error" and i.exercises]
+        running: list[tuple[Item, subprocess.Popen, float, float, object]] = []
+        try:
+            while pending or running:
+                while pending and len(running) < jobs:
+                    item = pending.pop(0)
+                    log = open(item.private / "worker.log", "wb")
+                    env = {**os.environ, "DTRAIN_LANG": lang}
+                    cmd = [sys.executable, "-m", "dtrain_lab.grading.classrun", "--worker", str(item.private)]
+                    if not quiet:
+                        cmd.append("--verbose")
+                    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            env=env, start_new_session=True)
+                    now = time.monotonic()
+                    running.append((item, proc, now, now + budget(item.exercises), log))
+                time.sleep(0.1)
+                for entry in list(running):
+                    item, proc, started, deadline, log = entry
+                    if proc.poll() is None and time.monotonic() < deadline:
+                        continue
+                    timed_out = proc.poll() is None
+                    _kill_group(proc)   # whatever the worker left in its group goes with it
+                    log.close()
+                    item.elapsed = time.monotonic() - started
+                    if timed_out:
+                        item.rows = [_error_row("class_worker_timeout", lang, exercise=i,
+                                                max_score=registry.get(i).max_score, file=item.rel,
+                                                limit=deadline - started) for i in item.exercises]
+                    else:
+                        item.rows = _checked_rows(item, lang)
+                    running.remove(entry)
+        except KeyboardInterrupt:
+            interrupted = True
+            for _item, proc, _, _, log in running:
+                _kill_group(proc)
+                log.close()
+        _reap_children()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for item in items:
+        if item.kind == "error":
+            key, fields = item.error
+            item.rows = [_error_row(key, lang, **fields)]
+        elif not item.rows:   # interrupted before it was graded
+            item.rows = [_error_row("class_interrupted", lang, exercise=i, max_score=registry.get(i).max_score,
+                                    file=item.rel) for i in item.exercises]
+        if lab:
+            done = {r["exercise"] for r in item.rows}
+            item.rows += [_error_row("class_not_submitted", lang, exercise=e.id, max_score=e.max_score,
+                                     title=e.title[lang], file=item.rel)
+                          for e in registry.all_exercises() if e.lab == lab and e.id not in done and item.kind != "env"]
+        item.rows.sort(key=lambda r: r["exercise"])
+    return {"format": FORMAT, "folder": str(folder), "lab": lab, "lang": lang, "jobs": jobs,
+            "elapsed": round(time.monotonic() - t0, 3), "interrupted": interrupted,
+            "submissions": [{"student": i.student, "file": i.rel, "kind": i.kind, "elapsed": round(i.elapsed, 3),
+                             "score": sum(r["score"] for r in i.rows), "max_score": sum(r["max_score"] for r in i.rows),
+                             "verdicts": i.rows} for i in items]}
+
+
+def _reap_children() -> None:
+    """Nothing of a grade may outlive the run: kill and wait for any process still under this one."""
+    import psutil
+
+    try:
+        left = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=5)
+
+
+def _cell(value) -> str:
+    """A CSV cell a spreadsheet shows as text: a file named ``=HYPERLINK(…)`` is not a formula."""
+    text = str(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def gradebook_csv(results: dict) -> str:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["student", "file", "exercise", "score", "max_score", "outcome"])
+    for sub in results["submissions"]:
+        for r in sub["verdicts"]:
+            w.writerow([_cell(sub["student"]), _cell(sub["file"]), r["exercise"], f"{r['score']:g}",
+                        r["max_score"], r["outcome"]])
+    return out.getvalue()
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` so that ``path`` holds either the old or the whole new content, even on a crash."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def write_results(results: dict, out: str | os.PathLike) -> tuple[Path, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = out / "results.json", out / "gradebook.csv"
+    write_atomic(json_path, json.dumps(results, ensure_ascii=False, indent=2))
+    write_atomic(csv_path, gradebook_csv(results))
+    return json_path, csv_path
+
+
+def worker(private: Path, verbose: bool = False) -> int:
+    """One submission, in its own process: grade each exercise of ``job.json``, write ``result.json``."""
+    from dtrain_lab.grading import grade, registry, submissions_in_notebook
+
+    lang = get_lang()
+    job = json.loads((private / "job.json").read_text())
+    file = private / job["file"]
+    work = private / "work"
+    work.mkdir(mode=0o700)
+    sources = submissions_in_notebook(file) if job["kind"] == "notebook" else {}
+    rows = []
+    for ex_id in job["exercises"]:
+        ex = registry.get(ex_id)
+        try:
+            if job["kind"] == "notebook":
+                path = work / ex.filename
+                path.write_text(sources[ex_id], encoding="utf-8")
+            else:
+                path = file
+            v = grade(ex_id, path, lang=lang, quiet=not verbose)
+            rows.append(v.to_json())
+        except Exception as exc:  # noqa: BLE001 - one exercise's failure never costs the others
+            rows.append(_error_row("class_worker_failed", lang, exercise=ex_id, max_score=ex.max_score,
+                                   file=job["rel"], why=f"{type(exc).__name__}: {exc}"[:400]))
+    write_atomic(private / "result.json", json.dumps(rows, ensure_ascii=False))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``dtrain-lab grade FOLDER [-j N] [--lab LAB] [--out DIR] [--json] [--gradescope OUT]``."""
+    import argparse
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        return worker(Path(argv[1]), verbose="--verbose" in argv)
+    ap = argparse.ArgumentParser(prog="dtrain-lab grade", description=tr("class_help"))
+    ap.add_argument("folder")
+    ap.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded at the same time (default 2)")
+    ap.add_argument("--lab", help="only this lab's exercises; every one gets a row (10, lab10, lab_10_deadlocks)")
+    ap.add_argument("--out", help="folder for results.json and gradebook.csv (default: FOLDER_grades next to FOLDER)")
+    ap.add_argument("--json", action="store_true", help="also print the results as JSON")
+    ap.add_argument("--gradescope", metavar="OUT", help="refused for a class: see dtrain-lab autograder build")
+    ap.add_argument("--lang", choices=("zh", "en"))
+    ap.add_argument("--verbose", action="store_true", help="show every rank's output while grading")
+    args = ap.parse_args(argv)
+    lang = args.lang or get_lang()
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise LabError("class_not_folder", folder=str(folder))
+    out = Path(args.out) if args.out else folder.resolve().parent / f"{folder.resolve().name}_grades"
+    if out.resolve() == folder.resolve() or folder.resolve() in out.resolve().parents:
+        raise LabError("class_out_inside", out=str(out), folder=str(folder))
+    if args.jobs < 1:
+        raise LabError("class_bad_jobs", jobs=args.jobs)
+    if args.gradescope:
+        n = sum(1 for item in scan(folder, lang, lab_of(args.lab)) if item.kind != "error")
+        if n != 1:
+            raise LabError("class_gradescope_many", n=n)
+    results = run_class(folder, jobs=args.jobs, lang=lang, lab=args.lab, quiet=not args.verbose)
+    json_path, csv_path = write_results(results, out)
+    if args.gradescope:
+        from dtrain_lab.grading.autograder import gradescope_json
+
+        sub = next(s for s in results["submissions"] if s["kind"] != "error")
+        write_atomic(args.gradescope, json.dumps(gradescope_json(sub["verdicts"], lang=lang, file=sub["file"]),
+                                                 ensure_ascii=False, indent=2))
+    if args.json:
+        print(json.dumps(results, ensure_ascii=False, indent=2))
+    else:
+        for sub in results["submissions"]:
+            print(f"{sub['student']:<24} {sub['file']:<40} {sub['score']:g}/{sub['max_score']:g}")
+            for r in sub["verdicts"]:
+                if r["outcome"] == "error" and not r["exercise"]:
+                    print(f"    {r['feedback']}")
+    rows = [r for s in results["submissions"] for r in s["verdicts"]]
+    print(tr("class_summary", lang, n=len(results["submissions"]),
+             students=len({s["student"] for s in results["submissions"]}), elapsed=results["elapsed"],
+             jobs=results["jobs"], passed=sum(r["passed"] for r in rows), total=len(rows),
+             json=str(json_path), csv=str(csv_path)), file=sys.stderr)
+    return 130 if results["interrupted"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
