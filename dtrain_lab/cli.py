@@ -5,6 +5,8 @@
     dtrain-lab run train.py -n 2 --timeout 60 -- --lr 0.1
     dtrain-lab grade lab10.rank_branch my_fix.py     # grade one file; or a lab notebook, or a folder
     dtrain-lab grade --list | --json | --gradescope results.json
+    dtrain-lab grade submissions/ -j 2 [--lab 10]    # a class: results.json + gradebook.csv, every file a row
+    dtrain-lab autograder build lab10 --out lab10.zip  # Gradescope: setup.sh + run_autograder + the course wheel
     dtrain-lab nccl lint [--file .env] | nccl doctor # NCCL/PyTorch variables; this machine's set-up
     dtrain-lab doctor [--json]                       # the same as ``nccl doctor``
     dtrain-lab bench [--quick] [--only ROWS]         # benchmarks (ratios against references)
@@ -47,6 +49,32 @@ def _run(args) -> int:
     return 0 if r.ok else (124 if r.hung else (r.returncode or 1))
 
 
+def _grading(cmd: str, argv: list[str]) -> int:
+    """``grade`` and ``autograder`` parse their own options: hand them everything after the command.
+    ``dtrain-lab grade FOLDER`` (or with ``-j``) grades a class (:mod:`dtrain_lab.grading.classrun`);
+    ``grade ID FILE`` and ``grade NOTEBOOK`` grade one learner (:func:`dtrain_lab.grading.main`)."""
+    import os
+
+    i = argv.index(cmd)
+    if i == 2:
+        i18n.set_lang(argv[1])
+    rest = argv[i + 1:]
+    if cmd == "autograder":
+        from dtrain_lab.grading.autograder import main as run_main
+    elif any(a in ("-j", "--jobs") or a.startswith(("-j", "--jobs=")) for a in rest) or \
+            any(os.path.isdir(a) for a in rest if not a.startswith("-")):
+        from dtrain_lab.grading.classrun import main as run_main
+    else:
+        from dtrain_lab.grading import main as run_main
+    try:
+        return run_main(rest)
+    except i18n.LabError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dtrain-lab", description="dtrain-lab course tools / 课程工具")
     ap.add_argument("--lang", choices=i18n.LANGS, help="message language / 提示语言")
@@ -66,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--max-restarts", type=int, default=0)
     # the program's own arguments come after "--" (split off before parsing, so that options may
     # follow the target: ``dtrain-lab run train.py -n 2 -- --lr 0.1``)
-    sub.add_parser("grade", help="grade exercises / 评分 (dtrain-lab grade --help)")
+    sub.add_parser("grade", help="grade exercises / 评分 (dtrain-lab grade --help; a folder: a class, -j N)")
+    sub.add_parser("autograder", help="Gradescope autograder zip per lab (dtrain-lab autograder build --help)")
     sub.add_parser("nccl", help="nccl lint | nccl doctor: check NCCL/PyTorch env vars and this machine")
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("--quick", action="store_true")
@@ -99,18 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         if argv[0] == "--lang":
             i18n.set_lang(argv[1])
         return cluster_main(argv[argv.index("cluster") + 1:])
-    if "grade" in argv[:3] and argv.index("grade") in (0, 2) and (argv.index("grade") == 0 or argv[0] == "--lang"):
-        # the grader parses its own options (--list, --json, ...): hand it everything after "grade"
-        i = argv.index("grade")
-        from dtrain_lab.grading import main as grade_main
-
-        if i == 2:
-            i18n.set_lang(argv[1])
-        try:
-            return grade_main(argv[i + 1:])
-        except i18n.LabError as e:
-            print(str(e), file=sys.stderr)
-            return 2
+    for cmd in ("grade", "autograder"):
+        if cmd in argv[:3] and argv.index(cmd) in (0, 2) and (argv.index(cmd) == 0 or argv[0] == "--lang"):
+            return _grading(cmd, argv)
     program_args: list[str] = []
     if "run" in argv[:3] and "--" in argv:
         cut = argv.index("--")
