@@ -102,23 +102,22 @@ def plot_bucket_sweep(metrics: dict, ax=None):
     if ax is None:
         _, ax = new_figure(figsize=(7, 4))
     caps, seconds, buckets = metrics["caps"], metrics["seconds"], metrics["buckets"]
-    lines = (("ours", label("our DDP, overlap", "我们的 DDP，重叠")),
-             ("ours_no_overlap", label("our DDP, no overlap", "我们的 DDP，不重叠")),
-             ("torch", label("PyTorch DDP", "PyTorch DDP")))
+    lines = (("ours", label("viz_bucket_ours")),
+             ("ours_no_overlap", label("viz_bucket_ours_no_overlap")),
+             ("torch", label("viz_bucket_torch")))
     for kind, name in lines:
         ax.plot(caps, [seconds[f"{kind}@{c:g}"] * 1e3 for c in caps], marker="o", label=name)
     for c in caps:
-        ax.annotate(label(f"{buckets[f'ours@{c:g}']} buckets", f"{buckets[f'ours@{c:g}']} 个桶"),
+        ax.annotate(label("viz_buckets", n=buckets[f"ours@{c:g}"]),
                     (c, seconds[f"ours@{c:g}"] * 1e3), textcoords="offset points", xytext=(4, 6), fontsize=8)
     n = metrics["params"]
     ax.axhline(seconds["naive"] * 1e3, color="grey", linestyle="--",
-               label=label(f"naive ({n} all-reduces)", f"朴素实现（{n} 次 All-Reduce）"))
+               label=label("viz_bucket_naive", n=n))
     ax.set_xscale("log")
     ax.set_ylim(0, 1.3 * max(seconds.values()) * 1e3)   # room for the legend above the lines
-    ax.set_xlabel(label("bucket_cap_mb (MiB)", "bucket_cap_mb（MiB）"))
-    ax.set_ylabel(label("time per step (ms)", "单步耗时（毫秒）"))
-    ax.set_title(label(f"measured on this machine: 2 ranks, {metrics['backend']}",
-                       f"本机实测：2 个 rank，{metrics['backend']}"))
+    ax.set_xlabel(label("viz_bucket_cap"))
+    ax.set_ylabel(label("viz_time_per_step"))
+    ax.set_title(label("viz_bucket_title", backend=metrics["backend"]))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     return ax

@@ -29,7 +29,7 @@ from dtrain_lab.data import regression_dataset, token_dataset
 from dtrain_lab.models import MLP, TinyTransformer
 
 __all__ = ["FORMATS", "one_thread", "format_table", "autocast_dtypes", "grad_census", "underflow_table",
-           "train_losses", "step_time", "scaler_trace", "scaler_rule_violations", "plot_losses", "plot_scaler_trace"]
+           "train_losses", "step_time", "scaler_trace", "scaler_rule_violations"]
 
 FORMATS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -270,37 +270,3 @@ def scaler_rule_violations(rows: list[dict], *, growth_interval: int, growth_fac
         if not ok:
             bad.append(f"step {r['step']}: {r}")
     return bad
-
-
-# ------------------------------------------------------------------------------------ plots
-def plot_losses(curves: dict[str, list[float]], ax=None):
-    """Loss per step, one line per precision (``{"fp32": [...], "bf16": [...]}``)."""
-    from dtrain_lab.viz import label, new_figure
-
-    if ax is None:
-        _, ax = new_figure(figsize=(7, 3.5))
-    for name, losses in curves.items():
-        ax.plot(range(len(losses)), losses, label=name, linewidth=1.2)
-    ax.set_xlabel(label("optimizer step", "优化器步"))
-    ax.set_ylabel(label("training loss", "训练损失"))
-    ax.set_title(label("same model, same data, three precisions (CPU)", "同一模型、同一数据、三种精度（CPU）"))
-    ax.legend()
-    return ax
-
-
-def plot_scaler_trace(rows: list[dict], ax=None):
-    """The loss scale per step on a log2 axis; skipped steps (inf/NaN found) marked with a cross."""
-    from dtrain_lab.viz import label, new_figure
-
-    if ax is None:
-        _, ax = new_figure(figsize=(7, 3.5))
-    steps = [r["step"] for r in rows]
-    ax.step(steps, [r["scale"] for r in rows], where="post", label=label("scale used", "本步使用的缩放因子"))
-    skipped = [r for r in rows if not r["stepped"]]
-    ax.scatter([r["step"] for r in skipped], [r["scale"] for r in skipped], marker="x", color="red", zorder=3,
-               label=label("inf/NaN found: step skipped", "发现 inf/NaN：跳过本步"))
-    ax.set_yscale("log", base=2)
-    ax.set_xlabel(label("optimizer step", "优化器步"))
-    ax.set_ylabel(label("loss scale", "损失缩放因子"))
-    ax.legend()
-    return ax
