@@ -54,11 +54,25 @@ def exact_or_close(c: dict, n: int, what: str) -> None:
         assert c["close"] and c["max_abs_diff"] < 1e-6, f"{what}: max abs diff {c['max_abs_diff']}"
 
 
-def assert_bytes_traced(state: dict, trace: dict) -> None:
-    """What the state claims equals what torch.distributed was handed, call for call, op by op."""
+def assert_bytes_traced(state: dict, trace: dict, torch_ddp: bool = False) -> None:
+    """What the state claims equals what torch.distributed was handed, call for call, op by op.
+
+    Under PyTorch's DistributedDataParallel the trace also holds the wrapper's own collectives: after
+    the first iteration its reducer rebuilds the buckets and broadcasts the new layout from rank 0
+    (two broadcasts: bucket indices, bucket sizes). They are not the hook's, and are set apart."""
+    trace = dict(trace, by_op=dict(trace["by_op"]), counts=dict(trace["counts"]))
+    if torch_ddp:
+        assert trace["counts"].pop("broadcast") == 2
+        trace["bytes"] -= trace["by_op"].pop("broadcast")
+        trace["calls"] -= 2
+    assert set(trace["by_op"]) <= {"all_reduce", "all_gather"}, trace
     assert state["bytes_sent"] == trace["bytes"]
     assert state["collectives"] == trace["calls"]
     assert {k: v for k, v in state["bytes_by_op"].items() if v} == trace["by_op"]
+
+
+def hook_calls(trace: dict, torch_ddp: bool = False) -> int:
+    return trace["calls"] - (trace["counts"].get("broadcast", 0) if torch_ddp else 0)
 
 
 def ring_wire(op: str, payload: float, p: int) -> float:
@@ -103,7 +117,7 @@ def test_allreduce_hook_is_the_baseline(results, n):
         exact_or_close(a["vs_no_hook"], n, "our DDP, hook vs none")
         exact_or_close(a["torch_vs_no_hook"], n, "PyTorch DDP, hook vs none")
         for s, t in (("state", "trace"), ("state_torch", "trace_torch")):
-            assert_bytes_traced(a[s], a[t])
+            assert_bytes_traced(a[s], a[t], torch_ddp=t == "trace_torch")
             assert a[s]["bytes_sent"] == a[s]["baseline_bytes"] == 4 * NUMEL * STEPS
             assert a[s]["steps"] == STEPS and a[s]["ratio"] == 1.0
         # with a hook our DDP issues no all-reduce of its own: one hook call per bucket
@@ -183,9 +197,10 @@ def test_topk_bytes_equal_the_traced_collectives(results, n):
         t = m["topk_bytes"]
         for key, kk, buckets in (("ours", k, 1), ("torch", k, 1), ("ours_3_buckets", k3, 3)):
             r = t[key]
-            assert_bytes_traced(r["state"], r["trace"])
+            assert_bytes_traced(r["state"], r["trace"], torch_ddp=key == "torch")
             assert r["step_bytes"] == [kk * (4 + 4)] * STEPS, key
-            assert r["trace"]["calls"] == 2 * buckets * STEPS and set(r["trace"]["by_op"]) == {"all_gather"}
+            assert hook_calls(r["trace"], key == "torch") == 2 * buckets * STEPS
+            assert set(r["trace"]["by_op"]) - {"broadcast"} == {"all_gather"}
             assert r["state"]["baseline_bytes"] == 4 * NUMEL * STEPS
             assert r["state"]["ratio"] == pytest.approx(kk * 8 / (4 * NUMEL))
             assert r["state"]["wire_bytes"] == pytest.approx((n - 1) * kk * 8 * STEPS)
@@ -225,12 +240,14 @@ def test_powersgd_matches_pytorch_powersgd_hook(results, n):
             assert tuple(c["expected_elements"]) == (NUMEL, after)
             compressed_steps = STEPS - cfg["start"]
             assert c["step_bytes"] == [4 * NUMEL] * cfg["start"] + [4 * after] * compressed_steps
-            assert_bytes_traced(c["state"], c["trace"])
-            assert c["trace"] == c["their_trace"]                             # as many bytes as PyTorch's
-            assert c["their_numel_after"] == after * compressed_steps         # PyTorch's own statistics agree
+            assert_bytes_traced(c["state"], c["trace"], torch_ddp=True)
+            # as many bytes as PyTorch's hook: its own statistics (its P and Q all-reduces run in future
+            # callbacks, possibly on gloo's threads, out of reach of a per-thread trace)
+            assert c["their_numel_after"] == after * compressed_steps
+            assert c["their_numel_before"] == NUMEL * compressed_steps
             assert c["iter"] == c["their_iter"] == STEPS
             # calls: one per vanilla step, then 3 per compressed step (uncompressed, P, Q)
-            assert c["trace"]["calls"] == cfg["start"] + 3 * compressed_steps
+            assert hook_calls(c["trace"], torch_ddp=True) == cfg["start"] + 3 * compressed_steps
         assert p["seed_matters"] is True
         assert p["start0_step_bytes"] == [4 * powersgd_elements(1, 2)] * STEPS
 
@@ -283,8 +300,9 @@ def test_wire_bytes_formulas():
     assert wire_bytes("all_reduce", 1000, 4) == ring_bytes_sent(1000, 4) == 1500
     assert wire_bytes("all_gather", 8, 3) == pytest.approx(16)       # (p-1) chunks forwarded
     assert wire_bytes("all_gather", 8, 1) == 0 and wire_bytes("all_reduce", 8, 1) == 0
+    assert wire_bytes("broadcast", 8, 2) == 8                        # a chain: each rank sends it once
     with pytest.raises(ValueError):
-        wire_bytes("broadcast", 8, 2)
+        wire_bytes("allgather", 8, 2)
     s = CommState()
     assert s.bytes_sent == s.baseline_bytes == s.steps == 0 and math.isnan(s.ratio())
 

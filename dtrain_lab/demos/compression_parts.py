@@ -7,7 +7,7 @@
 The first argument is a comma-separated list of parts; ``key=value`` pairs after it go to every
 part that takes that keyword. Each part reports its result under its own name, so
 ``LaunchResult.metrics[rank]["topk_by_hand"]`` holds what that rank saw. The training task is the one
-of :func:`dtrain_lab.parallel.compression.train_with_compression` (``MLP(16, 64, 4)``, synthetic regression).
+of :func:`dtrain_lab.demos.compression_run.train_with_compression` (``MLP(16, 64, 4)``, synthetic regression).
 """
 import inspect
 import sys

@@ -4,10 +4,12 @@ values, and their byte counts against the torch.distributed calls they really ma
 Launched by tests/test_compression.py at world sizes 2 and 3 (the training comparison of error
 feedback runs at 2 only). Every outcome goes back through runtime.report; the test asserts on it.
 
-Byte tracing: :func:`trace_collectives` replaces ``torch.distributed.all_reduce``, ``all_gather`` and
-the other collectives by wrappers that record, for every call, the bytes of the tensor this rank
-passes in. Our hooks and PyTorch's hooks call the collectives through ``torch.distributed``'s
-attributes, so both are traced; what a hook's state claims is compared with the trace.
+Byte tracing: :func:`trace_collectives` is a :class:`dtrain_lab.comm.counted.CommTrace`, PyTorch's
+``CommDebugMode`` dispatch mode extended to record, for every c10d operation dispatched on this
+thread, the bytes of the tensor this rank passes in (nothing in ``torch.distributed`` is replaced).
+What a hook's state claims is compared with the trace. A dispatch mode is per thread: PyTorch's
+``powerSGD_hook`` issues its P and Q all-reduces from future callbacks, which may run on gloo's
+worker threads, so its bytes are checked against PyTorch's own statistics instead.
 """
 import contextlib
 import time
@@ -19,8 +21,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
 from torch.nn.parallel import DistributedDataParallel
 
-from dtrain_lab.parallel import compression as C
+from dtrain_lab.comm.counted import CommTrace
+from dtrain_lab.demos.compression_run import train_with_compression
 from dtrain_lab.jobs import runtime
+from dtrain_lab.parallel import compression as C
 from dtrain_lab.data import global_batch, regression_dataset, shard
 from dtrain_lab.parallel.ddp import DDP
 from dtrain_lab.models import MLP
@@ -29,47 +33,23 @@ STEPS = 5
 TRAIN_STEPS = 80   # check_training: steps per method
 PER_RANK = 8
 THREE_BUCKETS_MB = 0.0004  # MLP(16, 32, 4) splits into 3 buckets in dtrain_lab's DDP
-TRACED = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
-          "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
-          "isend", "irecv", "all_gather_object", "broadcast_object_list")
 
 
 # ------------------------------------------------------------------------------------ helpers
 @contextlib.contextmanager
 def trace_collectives():
-    """Record ``(op, bytes this rank passes in)`` for every torch.distributed collective called."""
-    calls: list[tuple[str, int]] = []
-    saved = {name: getattr(dist, name) for name in TRACED if hasattr(dist, name)}
-
-    def wrap(name, fn):
-        def traced(*args, **kwargs):
-            if name in ("all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor"):
-                t = args[1] if len(args) > 1 else kwargs.get("input_tensor", kwargs.get("tensor",
-                                                                                         kwargs.get("input_list")))
-            elif name in ("all_gather_object", "broadcast_object_list"):
-                t = None
-            else:
-                t = args[0] if args else kwargs.get("tensor")
-            nbytes = sum(x.numel() * x.element_size() for x in t) if isinstance(t, (list, tuple)) else \
-                (t.numel() * t.element_size() if isinstance(t, torch.Tensor) else -1)
-            calls.append((name, nbytes))
-            return fn(*args, **kwargs)
-        return traced
-
-    for name, fn in saved.items():
-        setattr(dist, name, wrap(name, fn))
-    try:
-        yield calls
-    finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
+    """``(op, bytes this rank passes in)`` of every c10d operation dispatched inside (CommTrace)."""
+    with CommTrace() as trace:
+        yield trace.calls
 
 
 def summarize(calls) -> dict:
     by_op: dict[str, int] = {}
+    counts: dict[str, int] = {}
     for op, n in calls:
         by_op[op] = by_op.get(op, 0) + n
-    return {"calls": len(calls), "bytes": sum(n for _, n in calls), "by_op": by_op}
+        counts[op] = counts.get(op, 0) + 1
+    return {"calls": len(calls), "bytes": sum(n for _, n in calls), "by_op": by_op, "counts": counts}
 
 
 class FakeBucket:
@@ -303,10 +283,10 @@ def check_powersgd() -> dict:
     for cfg in PSGD_CONFIGS:
         res = {"cfg": cfg}
         ours_st, theirs_st = _states(cfg)
-        theirs, their_calls, _ = train("torch", theirs_st, torch_psgd.powerSGD_hook, trace=True)
+        theirs, _, _ = train("torch", theirs_st, torch_psgd.powerSGD_hook)
         ours, calls, _ = train("torch", ours_st, C.powersgd_hook, trace=True)
         res["torch_ddp"] = compare(ours, theirs)
-        res["trace"], res["their_trace"] = summarize(calls), summarize(their_calls)
+        res["trace"] = summarize(calls)
         res["state"] = ours_st.summary()
         res["step_bytes"] = ours_st.step_bytes
         res["iter"], res["their_iter"] = ours_st.iter, theirs_st.iter
@@ -368,15 +348,15 @@ def check_training(rank: int, world: int) -> dict:
     """train_with_compression: loss and bytes; error feedback keeps top-k near the uncompressed loss."""
     runs = {}
     for method in ("none", "topk", "topk_noef", "powersgd"):
-        runs[method] = C.train_with_compression(method, TRAIN_STEPS, ratio=0.01, rank=1, start_iter=10)
+        runs[method] = train_with_compression(method, TRAIN_STEPS, ratio=0.01, rank=1, start_iter=10)
     out = {m: {"final_loss": r["loss"][-1], "first_loss": r["loss"][0], "ratio": r["ratio"],
                "bytes_last": r["bytes"][-1], "bytes_len": len(r["bytes"]), "monotone": r["bytes"] == sorted(r["bytes"]),
                "baseline_last": r["baseline_bytes"][-1], "wire_last": r["wire_bytes"][-1],
                "params": r["params"]} for m, r in runs.items()}
     loss = torch.tensor([runs["topk"]["loss"][-1]])
     out["loss_same_on_ranks"] = same_on_all_ranks(loss)
-    torch_run = C.train_with_compression("topk", 20, ddp="torch")
-    ours_run = C.train_with_compression("topk", 20, ddp="ours")
+    torch_run = train_with_compression("topk", 20, ddp="torch")
+    ours_run = train_with_compression("topk", 20, ddp="ours")
     out["torch_vs_ours_wrapper"] = {"loss_equal": torch_run["loss"] == ours_run["loss"],
                                     "bytes_equal": torch_run["bytes"] == ours_run["bytes"]}
     return out
