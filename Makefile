@@ -27,8 +27,15 @@ $(STAMP): pyproject.toml
 # root (containers, some cloud VMs) must opt in explicitly, or JupyterLab refuses to start
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
+# JupyterLab opens on the course's start page (LabApp.default_url: JupyterLab's own default, /lab,
+# overrides ServerApp.default_url); the file browser hides the notebooks' sources and build leftovers
+# (jupyter_server's default hide_globs, plus ours).
+LAB_START := /lab/tree/lessons/START_HERE.ipynb
+LAB_HIDE  := ["__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~", "_source", "*.egg-info", "build"]
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=$(CURDIR) --ServerApp.default_url=/lab/tree/lessons $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=$(LAB_START) \
+	  '--ContentsManager.hide_globs=$(LAB_HIDE)' $(LAB_ARGS)
 
 test: $(STAMP)
 	$(PY) -m ruff check dtrain_lab tests tools

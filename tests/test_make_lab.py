@@ -1,4 +1,5 @@
 """`make lab` (the README's first command) really starts JupyterLab with the course's kernel."""
+import json
 import os
 import re
 import signal
@@ -53,6 +54,14 @@ def test_make_lab_serves_the_course():
         assert "python3" in specs
         listing = get(f"{url}/api/contents/lessons/en?token={token}")
         assert "00_torchrun_process_group.ipynb" in listing
+        # the landing page is the course's start page, not the Launcher at the repo root
+        with urllib.request.urlopen(f"{url}/?token={token}", timeout=20) as resp:
+            assert resp.geturl().split("?")[0].endswith("/lab/tree/lessons/START_HERE.ipynb"), resp.geturl()
+        lessons = json.loads(get(f"{url}/api/contents/lessons?token={token}"))
+        names = {c["name"] for c in lessons["content"]}
+        assert {"zh", "en", "START_HERE.ipynb"} <= names and "_source" not in names, names
+        root = {c["name"] for c in json.loads(get(f"{url}/api/contents?token={token}"))["content"]}
+        assert "lessons" in root and not any(n.endswith(".egg-info") for n in root), root
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -205,3 +205,18 @@ def test_source_parser_rejects_broken_sources():
 def test_environment_yml_agrees_with_pyproject():
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_environment.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_start_page_is_current_and_links_every_lesson_and_lab():
+    """lessons/START_HERE.ipynb (where `make lab` opens) says where to begin in each language."""
+    stored = load(authoring.START_PAGE)
+    want = authoring.start_page()
+    assert ["".join(c["source"]) for c in stored["cells"]] == [c.source for c in want.cells], \
+        "lessons/START_HERE.ipynb is out of date: run `python -m dtrain_lab.authoring build --keep-outputs`"
+    for cell, lang in zip(stored["cells"], ("zh", "en")):
+        text = "".join(cell["source"])
+        links = re.findall(r"\]\(([^)]+\.ipynb)\)", text)
+        assert all((authoring.START_PAGE.parent / link).resolve().is_file() for link in links), links
+        names = {Path(link).name for link in links}
+        assert {p.name for p in notebooks("lessons", lang)} | {p.name for p in notebooks("labs", lang)} <= names
+        assert all(link.startswith((f"{lang}/", f"../labs/{lang}/")) for link in links)
