@@ -11,8 +11,18 @@ once:
     T_ring_allreduce(n, p)  = 2(p-1)·α + 2·(p-1)/p · n·β
     T_reduce_scatter(n, p) = T_all_gather(n, p) = (p-1)·α + (p-1)/p · n·β
     T_broadcast (pipelined ring/chain, large n)  ≈ (p-1)·α + n·β
-    T_naive_allreduce (gather to rank 0, then broadcast, one message at a time through rank 0)
-                            = 2(p-1)·(α + n·β)
+
+The naive algorithms go through one root, one message at a time over the root's link:
+
+    T_naive_allreduce      = 2(p-1)·(α + n·β)      every peer's n bytes in, the n-byte sum out to each
+    T_naive_all_gather     = (p-1)·(α + n/p·β) + (p-1)·(α + n·β)
+                                                    each peer's shard in, the whole n-byte array out to each
+    T_naive_reduce_scatter = (p-1)·(α + n·β) + (p-1)·(α + n/p·β)
+                                                    each peer's whole n-byte array in, its reduced shard out
+    T_naive_all_to_all     = 2(p-1)·(α + (p-1)/p·n·β)   what each peer sends to others in, what it gets out
+
+One direction of an all-gather or reduce-scatter through a root carries all n bytes per peer: the
+naive cost is (p-1)(1+1/p)·n·β, not the 2(p-1)/p·n·β one would get by moving shards only.
 
 The bandwidth term of the ring does not grow with ``p`` (2·(p-1)/p < 2), which is why rings scale;
 its latency term does, which is why small messages favour trees (NCCL picks per size).
@@ -25,15 +35,17 @@ from __future__ import annotations
 
 import math
 
+from dtrain_lab.i18n import LabError, tr
+
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "send_recv")
 ALGORITHMS = ("ring", "naive")
 
 
 def _check(nbytes: float, p: int, alpha: float, beta: float) -> None:
-    if p < 1 or int(p) != p:
-        raise ValueError(f"p (world size) must be a positive integer, got {p!r} / p（world size）必须是正整数")
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or p < 1 or int(p) != p:
+        raise LabError("perf_bad_p", value=p)
     if nbytes < 0 or alpha < 0 or beta < 0:
-        raise ValueError("nbytes, alpha and beta must be ≥ 0 / nbytes、alpha、beta 不能为负")
+        raise LabError("perf_negative", nbytes=nbytes, alpha=alpha, beta=beta)
 
 
 def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, algorithm: str = "ring") -> float:
@@ -41,9 +53,9 @@ def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, a
     reduce-scatter / all-gather), under the α-β model with the given algorithm."""
     _check(nbytes, p, alpha, beta)
     if op not in COLLECTIVES:
-        raise ValueError(f"op must be one of {COLLECTIVES}, got {op!r}")
+        raise LabError("perf_bad_op", value=op, choices=", ".join(COLLECTIVES))
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        raise LabError("perf_bad_algorithm", value=algorithm, choices=", ".join(ALGORITHMS))
     if p == 1:
         return 0.0
     if op == "send_recv":
@@ -53,8 +65,10 @@ def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, a
             return 2 * (p - 1) * (alpha + nbytes * beta)
         if op in ("broadcast", "reduce"):
             return (p - 1) * (alpha + nbytes * beta)
-        # all_gather / reduce_scatter / all_to_all through one root: p-1 messages of n/p in, then out
-        return 2 * (p - 1) * (alpha + nbytes / p * beta)
+        if op == "all_to_all":     # what each peer sends to the others in, what it receives out
+            return 2 * (p - 1) * (alpha + (p - 1) / p * nbytes * beta)
+        # all_gather / reduce_scatter through one root: the shards one way, the whole array the other
+        return (p - 1) * (alpha + nbytes / p * beta) + (p - 1) * (alpha + nbytes * beta)
     if op in ("broadcast", "reduce"):  # pipelined along the ring: the root's link carries all n bytes
         return (p - 1) * alpha + nbytes * beta
     steps = 2 * (p - 1) if op == "all_reduce" else p - 1
@@ -69,20 +83,31 @@ def busbw_factor(op: str, p: int) -> float:
         return (p - 1) / p
     if op in ("broadcast", "reduce", "send_recv"):
         return 1.0
-    raise ValueError(f"unknown collective {op!r}")
+    raise LabError("perf_bad_op", value=op, choices=", ".join(COLLECTIVES))
 
 
 def bus_bandwidth(op: str, nbytes: float, seconds: float, p: int) -> tuple[float, float]:
     """(algbw, busbw) in bytes/s for one measured collective."""
-    if seconds <= 0:
-        raise ValueError("seconds must be > 0")
+    if not seconds > 0:
+        raise LabError("perf_bad_seconds", value=seconds)
     algbw = nbytes / seconds
     return algbw, algbw * busbw_factor(op, p)
 
 
-def ring_bytes_sent(nbytes: float, p: int) -> float:
-    """Bytes each rank sends in a ring all-reduce of ``nbytes``: 2·(p-1)/p · n."""
-    return 0.0 if p == 1 else 2 * (p - 1) / p * nbytes
+RING_OPS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def ring_bytes_sent(nbytes: float, p: int, op: str = "all_reduce") -> float:
+    """Bytes each rank sends in a ring ``op`` on a buffer of ``nbytes`` (the whole array for
+    reduce-scatter and all-gather): all-reduce 2·(p-1)/p · n; reduce-scatter and all-gather (p-1)/p · n
+    (p-1 steps, one chunk of n/p each). The one ring-byte formula of the library: ZeRO's ``comm_bytes``
+    and the counted collectives (:mod:`dtrain_lab.comm.counted`) use it. Exact for integer ``nbytes``
+    divisible by ``p`` (the numerator is multiplied out before the one division)."""
+    if op not in RING_OPS:
+        raise LabError("perf_bad_op", value=op, choices=", ".join(RING_OPS))
+    _check(nbytes, p, 0.0, 0.0)
+    steps = 2 * (p - 1) if op == "all_reduce" else p - 1
+    return 0.0 if p == 1 else steps * nbytes / p
 
 
 def fit_alpha_beta(sizes: list[float], seconds: list[float]) -> tuple[float, float]:
@@ -94,10 +119,8 @@ def fit_alpha_beta(sizes: list[float], seconds: list[float]) -> tuple[float, flo
     largest message (the bandwidth bound with α = 0), so the fitted bandwidth is never infinite.
     """
     n = len(sizes)
-    if n < 2 or n != len(seconds):
-        raise ValueError("need at least two (size, time) pairs")
-    if len(set(sizes)) < 2:
-        raise ValueError("sizes must not all be equal")
+    if n < 2 or n != len(seconds) or len(set(sizes)) < 2:
+        raise LabError("perf_fit_points", sizes=n, seconds=len(seconds))
     slopes = sorted((seconds[j] - seconds[i]) / (sizes[j] - sizes[i])
                     for i in range(n) for j in range(i + 1, n) if sizes[j] != sizes[i])
     beta = _median(slopes)
@@ -117,9 +140,9 @@ def _median(values: list[float]) -> float:
 def amdahl_speedup(parallel_fraction: float, n: int) -> float:
     """Amdahl's law: S(n) = 1 / ((1-P) + P/n)."""
     if not 0 <= parallel_fraction <= 1:
-        raise ValueError("parallel_fraction must be in [0, 1]")
+        raise LabError("perf_bad_fraction", value=parallel_fraction)
     if n < 1:
-        raise ValueError("n must be ≥ 1")
+        raise LabError("perf_bad_p", value=n)
     return 1.0 / ((1 - parallel_fraction) + parallel_fraction / n)
 
 
@@ -135,7 +158,7 @@ def fit_collective(op: str, sizes: list[float], seconds: list[float], p: int) ->
     """Fit the per-message α and per-byte β of the ring model to measured times of ``op`` on ``p``
     ranks: a straight line t = a + n·b, then a = steps·α and b = busbw_factor·β."""
     if p < 2:
-        raise ValueError("fitting needs p ≥ 2")
+        raise LabError("perf_fit_p", value=p)
     a, b = fit_alpha_beta(sizes, seconds)
     steps = 2 * (p - 1) if op == "all_reduce" else (p - 1)
     factor = busbw_factor(op, p) if op not in ("broadcast", "reduce") else 1.0
@@ -154,8 +177,6 @@ _ZERO_BYTES = {"mixed": (2, 2, 12),   # fp16/bf16 params and grads; fp32 master 
 
 
 def _zero_check(num_params, stage, world_size) -> None:
-    from dtrain_lab.i18n import LabError
-
     if isinstance(num_params, bool) or not isinstance(num_params, (int, float)) \
             or not math.isfinite(num_params) or num_params <= 0:
         raise LabError("zero_bad_params", value=num_params)
@@ -183,8 +204,6 @@ def zero_memory(num_params: float, stage: int, world_size: int, *, precision: st
     buffers and fragmentation are not model states and are not counted. The paper's example:
     Ψ = 7.5e9, N = 64 gives 120 GB, 31.4 GB, 16.6 GB and 1.9 GB (1 GB = 1e9 bytes).
     """
-    from dtrain_lab.i18n import LabError
-
     _zero_check(num_params, stage, world_size)
     if precision not in ZERO_PRECISIONS:
         raise LabError("zero_bad_precision", value=precision, choices=", ".join(ZERO_PRECISIONS))
@@ -217,8 +236,6 @@ def zero_comm_volume(num_params: float, stage: int, world_size: int, bytes_per_e
     bytes sent by each kind of collective and in all, the paper's N → ∞ figure (2Ψ or 3Ψ times
     ``bytes_per_elem``), and ``total`` divided by DDP's.
     """
-    from dtrain_lab.i18n import LabError
-
     _zero_check(num_params, stage, world_size)
     if isinstance(bytes_per_elem, bool) or not isinstance(bytes_per_elem, (int, float)) or not bytes_per_elem > 0:
         raise LabError("zero_bad_bytes", value=bytes_per_elem)
@@ -266,13 +283,8 @@ def memory_table(num_params: float, world_size: int, *, k: float | None = None) 
 
 def format_memory_table(rows: list[dict], lang: str | None = None) -> str:
     """``memory_table`` rows as a Markdown table, headers in the learner's language (GB = 1e9 B)."""
-    from dtrain_lab.i18n import get_lang
-
-    zh = (lang or get_lang()) == "zh"
-    head = ("| 阶段 | 精度 | 参数 | 梯度 | 优化器状态 | 合计 |" if zh
-            else "| stage | precision | params | grads | optimizer | total |")
-    out = [head, "|---|---|---|---|---|---|"]
-    names = {"mixed": "混合精度" if zh else "mixed", "fp32": "fp32"}
+    out = [tr("perf_memory_table_head", lang), "|---|---|---|---|---|---|"]
+    names = {"mixed": tr("perf_precision_mixed", lang), "fp32": "fp32"}
     for r in rows:
         out.append(f"| ZeRO-{r['stage']} | {names[r['precision']]} | " +
                    " | ".join(f"{r[key] / 1e9:.3g} GB" for key in ("params", "grads", "optimizer", "total")) + " |")

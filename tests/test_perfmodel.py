@@ -102,3 +102,61 @@ def test_fit_survives_an_outlier_and_noise():
     # pure noise with a falling trend: β stays positive (bandwidth finite)
     alpha, beta = pm.fit_alpha_beta([1e3, 1e4, 1e5], [3e-3, 2e-3, 1e-3])
     assert beta > 0 and alpha >= 0
+
+
+def _through_root(messages: list[float], alpha: float, beta: float) -> float:
+    """Seconds for messages that cross the root's link one at a time."""
+    return sum(alpha + m * beta for m in messages)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_naive_collectives_count_every_message_through_the_root(p):
+    # the messages a root-based implementation sends, written out: the root's link carries them in turn
+    a, b, n = 3e-6, 1e-9, 3 * 2 ** 20
+    peers = p - 1
+    shard = n / p
+    msgs = {
+        "all_reduce": [n] * peers + [n] * peers,                      # whole arrays in, the sum out
+        "all_gather": [shard] * peers + [n] * peers,                  # shards in, the whole array out
+        "reduce_scatter": [n] * peers + [shard] * peers,              # whole arrays in, a shard out
+        "all_to_all": [n - shard] * peers + [n - shard] * peers,      # what is not one's own, both ways
+        "broadcast": [n] * peers,
+    }
+    for op, m in msgs.items():
+        assert pm.collective_time(op, n, p, a, b, "naive") == pytest.approx(_through_root(m, a, b)), op
+    # one direction of a naive all-gather carries all n bytes per peer: p + 1 times the ring's bytes
+    ag_naive = pm.collective_time("all_gather", n, p, 0.0, b, "naive")
+    ag_ring = pm.collective_time("all_gather", n, p, 0.0, b)
+    assert ag_naive / ag_ring == pytest.approx(p + 1)
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert pm.collective_time(op, n, p, a, b, "naive") >= pm.collective_time(op, n, p, a, b)
+
+
+def test_ring_bytes_sent_per_collective_is_exact():
+    from dtrain_lab.i18n import LabError
+
+    for p in (2, 3, 5, 8):
+        n = 4 * p * 1001                     # divisible by p: exact integers, no float residue
+        assert pm.ring_bytes_sent(n, p, "reduce_scatter") == (p - 1) * n // p
+        assert pm.ring_bytes_sent(n, p, "all_gather") == (p - 1) * n // p
+        assert pm.ring_bytes_sent(n, p) == pm.ring_bytes_sent(n, p, "all_reduce") == 2 * (p - 1) * n // p
+        # the bytes a ring sends are the bandwidth term of its time, at β = 1 s per byte
+        for op in pm.RING_OPS:
+            assert pm.ring_bytes_sent(n, p, op) == pytest.approx(pm.collective_time(op, n, p, 0.0, 1.0))
+    assert pm.ring_bytes_sent(512, 1, "all_gather") == 0.0
+    with pytest.raises(LabError) as e:
+        pm.ring_bytes_sent(10, 2, "broadcast")
+    assert "broadcast" in str(e.value) and "all_gather" in str(e.value)
+
+
+def test_errors_are_bilingual():
+    from dtrain_lab.i18n import LabError, rendered
+
+    with pytest.raises(LabError) as e:
+        pm.collective_time("all_reduce", 10, 0, 1e-6, 1e-9)
+    text = rendered(e.value.key, **e.value.fields)
+    assert "p" in text["en"] and "rank" in text["zh"]
+    with pytest.raises(LabError):
+        pm.fit_alpha_beta([1.0], [1.0])
+    with pytest.raises(LabError):
+        pm.bus_bandwidth("all_reduce", 10, 0.0, 2)
