@@ -6,7 +6,7 @@ In-process: the layouts (which chunks, which positions), our zig-zag order again
 the keys, ring attention on one process (world size 1 is plain code), and the errors.
 Multi-process (one launch of ``dtrain_lab.demos.cp_run`` at 2 ranks, one at 4): every rank's output
 rows and ``dq/dk/dv`` rows equal autograd through single-process attention on the whole sequence
-(float64), causal and not, contiguous and zig-zag; the sends and bytes counted equal
+(float64), causal and not, contiguous and zig-zag, and with grouped-query attention; the sends and bytes counted equal
 ``ring_comm_bytes``; zig-zag balances the query-key products exactly; PyTorch's context_parallel on
 CPU raises NotImplementedError for the CPU flash kernel, and its load balancer's order is ours.
 """
@@ -83,6 +83,19 @@ def test_one_process_is_plain_attention(causal):
     assert (sdpa - ref.detach()).abs().max() < 1e-10
 
 
+def test_grouped_query_attention():
+    g = torch.Generator().manual_seed(2)
+    q, do = (torch.randn(1, 4, 8, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, 2, 8, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    a = [t.clone().requires_grad_() for t in (q, k, v)]
+    b = [t.clone().requires_grad_() for t in (q, k, v)]
+    ring_attention(*a).backward(do)
+    ref = torch.nn.functional.scaled_dot_product_attention(*b, is_causal=True, enable_gqa=True)
+    ref.backward(do)
+    assert (attention_reference(*a).detach() - ref.detach()).abs().max() < TOL
+    assert all((x.grad - y.grad).abs().max() < TOL for x, y in zip(a, b))
+
+
 def test_comm_formula():
     f = ring_comm_bytes(1, 8, 1024, 64, 4, bytes_per_elem=2)
     assert f["block_bytes"] == 2 * 8 * 256 * 64 * 2
@@ -125,13 +138,15 @@ def metrics(results, n):
 def test_ring_equals_one_process_forward_and_backward(results, n):
     for rank, m in metrics(results, n).items():
         runs = m["equal"]
-        assert sorted(runs) == ["contiguous_causal", "contiguous_full", "zigzag_causal", "zigzag_full"]
+        assert sorted(runs) == ["contiguous_causal", "contiguous_full", "zigzag_causal", "zigzag_causal_gqa",
+                                "zigzag_full"]
         for name, r in runs.items():
             assert r["out"] < TOL and max(r["grads"]) < TOL, (rank, name)
             assert r["grad_norm"] > 0.1                            # a gradient that is not all zeros
             f = r["formula"]
             assert r["sends"] == f["forward_sends"] + f["backward_sends"] == 3 * n - 2
             assert r["send_bytes"] == f["total_bytes"]
+        assert runs["zigzag_causal_gqa"]["send_bytes"] * 2 == runs["zigzag_causal"]["send_bytes"]   # half the K/V heads
 
 
 @pytest.mark.timeout(600)

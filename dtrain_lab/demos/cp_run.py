@@ -9,7 +9,8 @@ Parts (comma-separated first argument):
   ``S = 4·2p``) and the same upstream gradient, takes its shard (contiguous and zig-zag layouts),
   runs :func:`dtrain_lab.parallel.context.ring_attention` forward and backward, and reports the
   largest difference of its output rows and of its ``dq/dk/dv`` rows from plain attention on the whole
-  sequence in one process (autograd), causal and not; also the sends, bytes and query-key products
+  sequence in one process (autograd), causal and not, and with grouped-query attention (2 query heads
+  per K/V head, zig-zag, causal); also the sends, bytes and query-key products
   it counted, and the bytes :func:`~dtrain_lab.parallel.context.ring_comm_bytes` predicts.
 * ``torch`` — the order of PyTorch's ``_HeadTailLoadBalancer`` (the load balancer
   ``context_parallel`` picks by default) against our zig-zag order, and what
@@ -30,9 +31,10 @@ from dtrain_lab.parallel.context import (attention_reference, ring_attention, ri
                                          zigzag_order)
 
 
-def _full(seq: int, dtype=torch.float64, seed: int = 0):
+def _full(seq: int, dtype=torch.float64, seed: int = 0, heads: int = 2, kv_heads: int = 2):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(2, 2, seq, 8, generator=g, dtype=dtype) for _ in range(4)]   # q, k, v, dout
+    return [torch.randn(2, h, seq, 8, generator=g, dtype=dtype)
+            for h in (heads, kv_heads, kv_heads, heads)]                   # q, k, v, dout
 
 
 def part_equal() -> dict:
@@ -40,25 +42,25 @@ def part_equal() -> dict:
     p, r = rt.world_size, rt.rank
     seq = 4 * 2 * p
     out = {}
-    for layout in ("contiguous", "zigzag"):
-        for causal in (True, False):
-            q, k, v, dout = _full(seq)
-            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            ref = attention_reference(*leaves, causal=causal)
-            ref.backward(dout)
-            local = [shard_sequence(t, r, p, layout).requires_grad_() for t in (q, k, v)]
-            stats: dict = {}
-            o = ring_attention(*local, causal=causal, layout=layout, stats=stats)
-            o.backward(shard_sequence(dout, r, p, layout))
+    cases = [(layout, causal, 2) for layout in ("contiguous", "zigzag") for causal in (True, False)]
+    for layout, causal, kv_heads in cases + [("zigzag", True, 1)]:      # the last: grouped-query, 2 q heads per K/V head
+        q, k, v, dout = _full(seq, kv_heads=kv_heads)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref = attention_reference(*leaves, causal=causal)
+        ref.backward(dout)
+        local = [shard_sequence(t, r, p, layout).requires_grad_() for t in (q, k, v)]
+        stats: dict = {}
+        o = ring_attention(*local, causal=causal, layout=layout, stats=stats)
+        o.backward(shard_sequence(dout, r, p, layout))
 
-            def diff(a, b):
-                return (a - shard_sequence(b, r, p, layout)).abs().max().item()
+        def diff(a, b):
+            return (a - shard_sequence(b, r, p, layout)).abs().max().item()
 
-            out[f"{layout}_{'causal' if causal else 'full'}"] = {
-                "out": diff(o.detach(), ref.detach()),
-                "grads": [diff(a.grad, b.grad) for a, b in zip(local, leaves)],
-                "grad_norm": max(b.grad.abs().max().item() for b in leaves),
-                **stats, "formula": ring_comm_bytes(2, 2, seq, 8, p, bytes_per_elem=8)}
+        out[f"{layout}_{'causal' if causal else 'full'}" + ("_gqa" if kv_heads == 1 else "")] = {
+            "out": diff(o.detach(), ref.detach()),
+            "grads": [diff(a.grad, b.grad) for a, b in zip(local, leaves)],
+            "grad_norm": max(b.grad.abs().max().item() for b in leaves),
+            **stats, "formula": ring_comm_bytes(2, kv_heads, seq, 8, p, bytes_per_elem=8)}
     return out
 
 

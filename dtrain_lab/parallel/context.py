@@ -98,6 +98,7 @@ def causal_work(seq_len: int, p: int, layout: str = "zigzag") -> list[int]:
 # ------------------------------------------------------------------------------------ one block
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
     """Plain attention on one process: ``softmax(q kᵀ / √d) v`` with an optional causal mask."""
+    k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
     s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     if causal:
         t = q.shape[-2]
@@ -105,10 +106,17 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     return s.softmax(-1) @ v
 
 
+def _repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped-query attention (Ainslie et al. 2023): each K/V head serves ``heads / kv_heads`` query heads."""
+    return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
 def block_attention(q, k, v, scale: float, diagonal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of the queries ``q`` to one K/V block: ``(o, lse)`` with ``o`` normalised over the
     block and ``lse`` (``(..., rows)``) the log-sum-exp of the block's scores. ``diagonal``: query
-    and key chunks are the same positions, so the causal triangle applies inside the block."""
+    and key chunks are the same positions, so the causal triangle applies inside the block.
+    ``k``/``v`` may have fewer heads than ``q`` (grouped-query attention)."""
+    k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
     s = (q @ k.transpose(-2, -1)) * scale                   # (b, h, n, m)
     if diagonal:
         n = q.shape[-2]
@@ -137,14 +145,22 @@ def _pairs(my_chunks: list[int], kv_chunks: list[int], n: int, causal: bool):
 
 def _block_backward(q, k, v, o, lse, do, delta, scale, diagonal):
     """Gradients of one block from the *final* ``o``/``lse``: FlashAttention's backward (Dao et al.
-    2022, Algorithm 4): P = exp(S - lse), dV = Pᵀ dO, dS = P ∘ (dO Vᵀ - rowsum(dO ∘ O))."""
+    2022, Algorithm 4): P = exp(S - lse), dV = Pᵀ dO, dS = P ∘ (dO Vᵀ - rowsum(dO ∘ O)).
+    With grouped-query attention the gradients of a K/V head sum over the query heads it serves."""
+    kv_heads = k.shape[1]
+    k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
     s = (q @ k.transpose(-2, -1)) * scale
     if diagonal:
         n = q.shape[-2]
         s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), float("-inf"))
     prob = torch.exp(s - lse.unsqueeze(-1))
     ds = prob * (do @ v.transpose(-2, -1) - delta.unsqueeze(-1))
-    return ds @ k * scale, ds.transpose(-2, -1) @ q * scale, prob.transpose(-2, -1) @ do
+    dk, dv = ds.transpose(-2, -1) @ q * scale, prob.transpose(-2, -1) @ do
+
+    def fold(t):   # (b, heads, n, d) -> (b, kv_heads, n, d)
+        return t if t.shape[1] == kv_heads else t.unflatten(1, (kv_heads, -1)).sum(2)
+
+    return ds @ k * scale, fold(dk), fold(dv)
 
 
 # ------------------------------------------------------------------------------------ the ring
@@ -161,8 +177,9 @@ class _Ring:
     def start(self, send: torch.Tensor) -> tuple[torch.Tensor, list]:
         """Post ``send`` to the right neighbour and a receive from the left one; returns at once."""
         recv = torch.empty_like(send)
-        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, self.right, self.group),
-                                       dist.P2POp(dist.irecv, recv, self.left, self.group)])
+        with torch.profiler.record_function("dtrain:cp"):   # lets a profiler attribute the sends to CP
+            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, self.right, self.group),
+                                           dist.P2POp(dist.irecv, recv, self.left, self.group)])
         if self.stats is not None:
             self.stats["sends"] = self.stats.get("sends", 0) + 1
             self.stats["send_bytes"] = self.stats.get("send_bytes", 0) + groups.nbytes(send)
@@ -253,18 +270,21 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     """Attention of this rank's queries to the whole sequence, whose shards are spread over ``group``.
 
     ``q, k, v``: this rank's shard ``(b, h, S/p, d)`` as :func:`shard_sequence` cuts it with
-    ``layout``. Returns this rank's rows of the output; differentiable (backward is a second ring).
+    ``layout``; ``k`` and ``v`` may have fewer heads, a divisor of ``h`` (grouped-query attention:
+    the ring then carries only the K/V heads). Returns this rank's rows of the output; differentiable (backward is a second ring).
     ``overlap=False`` waits for each K/V block before computing (to measure what overlap hides).
     ``stats`` (a dict) accumulates ``sends``, ``send_bytes`` and ``qk_pairs`` (query-key products this
     rank computed, masked ones skipped)."""
-    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[::2] != k.shape[::2] \
+            or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
         raise LabError("cp_bad_shapes", q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape))
     return _RingAttention.apply(q, k, v, causal, layout, group, overlap, stats)
 
 
 def ring_comm_bytes(b: int, heads: int, seq_len: int, head_dim: int, p: int, bytes_per_elem: int = 4) -> dict:
     """What one ring-attention layer sends per rank: forward ``p-1`` K/V blocks, backward ``p-1`` K/V
-    blocks and ``p`` dK/dV blocks, each block ``2 · b · heads · (S/p) · head_dim`` elements."""
+    blocks and ``p`` dK/dV blocks, each block ``2 · b · heads · (S/p) · head_dim`` elements
+    (``heads``: the K/V heads this rank holds)."""
     block = 2 * b * heads * (seq_len // p) * head_dim * bytes_per_elem
     fwd, bwd = (p - 1), (p - 1) + (p if p > 1 else 0)
     return {"block_bytes": block, "forward_sends": fwd, "backward_sends": bwd,

@@ -96,7 +96,8 @@ class _AllToAll(torch.autograd.Function):
     def forward(ctx, x, send_splits, recv_splits, group):
         ctx.splits, ctx.group = (send_splits, recv_splits), group
         out = x.new_empty((sum(recv_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group)
+        with torch.profiler.record_function("dtrain:ep"):   # lets a profiler attribute the call to EP
+            dist.all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group)
         return out
 
     @staticmethod
@@ -163,7 +164,9 @@ class MoE(nn.Module):
         recv_counts = per_expert.view(self.ep, self.local)
         if self.ep > 1:
             recv_counts = torch.empty_like(recv_counts)
-            dist.all_to_all_single(recv_counts, per_expert.view(self.ep, self.local).contiguous(), group=self.group)
+            with torch.profiler.record_function("dtrain:ep"):
+                dist.all_to_all_single(recv_counts, per_expert.view(self.ep, self.local).contiguous(),
+                                       group=self.group)
         recv = recv_counts.sum(1).tolist()
         # 2) dispatch: token rows to the ranks of their experts
         got = all_to_all(x[tok], send, recv, self.group)                   # (Σ recv, d), source-major
