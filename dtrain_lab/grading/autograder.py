@@ -198,13 +198,14 @@ def _files(folder: Path) -> list[Path]:
 
 
 def _row(key: str, lang: str, *, exercise: str = "", max_score: int = 0, **fields) -> dict:
-    from dtrain_lab.grading.classrun import _error_row
+    from dtrain_lab.grading.gradebook import error_row
 
-    return _error_row(key, lang, exercise=exercise, max_score=max_score, **fields)
+    return error_row(key, lang, exercise=exercise, max_score=max_score, **fields)
 
 
-def grade_submission(root: Path, config: dict, write) -> list[dict]:
-    """Grade the one submission under ``root/submission``; ``write(rows)`` is called after each step."""
+def grade_submission(root: Path, config: dict, write) -> tuple[list[dict], str | None]:
+    """Grade the one submission under ``root/submission``: (rows, its name). ``write(rows, name)`` is
+    called after each exercise, so that a grader stopped half-way still reports what it graded."""
     from dtrain_lab.grading import grade, registry
     from dtrain_lab.grading.classrun import BOM, MAX_FILE_BYTES, match_file, notebook_exercises
 
@@ -223,13 +224,13 @@ def grade_submission(root: Path, config: dict, write) -> list[dict]:
         head = (_row("ag_no_submission", lang, kind=kind_text) if not candidates else
                 _row("ag_several", lang, n=len(candidates), kind=kind_text,
                      names=", ".join(f.relative_to(sub).as_posix() for f in candidates)))
-        return [head] + extra + zero
+        return [head] + extra + zero, None
     file = candidates[0]
     rel = file.relative_to(sub).as_posix()
     with open(file, "rb") as f:
         data = f.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
-        return [_row("class_too_large", lang, file=rel, size=file.stat().st_size, limit=MAX_FILE_BYTES)] + extra + zero
+        return [_row("class_too_large", lang, file=rel, size=file.stat().st_size, limit=MAX_FILE_BYTES)] + extra + zero, rel
     data = data[len(BOM):] if data.startswith(BOM) else data
     work = Path(tempfile.mkdtemp(prefix="dtrain-ag-"))
     try:
@@ -237,12 +238,12 @@ def grade_submission(root: Path, config: dict, write) -> list[dict]:
             only = static if len(static) == 1 else [i for i in match_file(file.name, ".env") if i in static]
             if len(only) != 1:
                 known = ", ".join(registry.get(i).filename for i in static)
-                return [_row("class_unknown_env", lang, file=rel, known=known)] + extra + zero
+                return [_row("class_unknown_env", lang, file=rel, known=known)] + extra + zero, rel
             todo = {only[0]: data}
         else:
             found, why = notebook_exercises(data)
             if found is None:
-                return [_row("class_bad_notebook", lang, file=rel, why=why[:300])] + extra + zero
+                return [_row("class_bad_notebook", lang, file=rel, why=why[:300])] + extra + zero, rel
             from dtrain_lab.grading import submissions_in_notebook
 
             nb = work / "submission.ipynb"
@@ -262,15 +263,15 @@ def grade_submission(root: Path, config: dict, write) -> list[dict]:
             except Exception as exc:  # noqa: BLE001 - one exercise's failure never costs the others
                 rows[ex_id] = _row("class_worker_failed", lang, exercise=ex_id, max_score=registry.get(ex_id).max_score,
                                    file=rel, why=f"{type(exc).__name__}: {exc}"[:400])
-            write(list(rows.values()) + extra)
-        return list(rows.values()) + extra
+            write(list(rows.values()) + extra, rel)
+        return list(rows.values()) + extra, rel
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def run(root: str | os.PathLike) -> int:
     """``run_autograder``'s work: grade ``root/submission`` into ``root/results/results.json``."""
-    from dtrain_lab.grading.classrun import write_atomic
+    from dtrain_lab.grading.gradebook import write_atomic
 
     root = Path(root)
     t0 = time.monotonic()
@@ -286,13 +287,12 @@ def run(root: str | os.PathLike) -> int:
         extra = {"lab": config["lab"], "package": str(Path(dtrain_lab.__file__).parent),
                  "version": dtrain_lab.__version__}
 
-        def write(rows):
+        def write(rows, file=None):
             doc = gradescope_json(rows, lang=lang, visibility=config.get("visibility", "visible"),
-                                  execution_time=time.monotonic() - t0, extra=extra)
+                                  execution_time=time.monotonic() - t0, extra=extra, file=file)
             write_atomic(results, json.dumps(doc, ensure_ascii=False, indent=2))
 
-        rows = grade_submission(root, config, write)
-        write(rows)
+        write(*grade_submission(root, config, write))
     except Exception as exc:  # noqa: BLE001 - Gradescope must always get a results.json
         doc = gradescope_json([], lang=lang, output=tr("ag_internal_error", lang, why=f"{type(exc).__name__}: {exc}"),
                               execution_time=time.monotonic() - t0)

@@ -32,8 +32,6 @@ results are never a Gradescope ``results.json``: Gradescope grades one submissio
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import shutil
@@ -45,7 +43,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dtrain_lab.i18n import LabError, get_lang, rendered, tr
+from dtrain_lab.grading.gradebook import error_row, write_atomic, write_results
+from dtrain_lab.i18n import LabError, get_lang, tr
 
 MAX_FILE_BYTES = 20 * 1024 * 1024   # a lab notebook with its outputs is well under this
 BOM = b"\xef\xbb\xbf"
@@ -65,12 +64,6 @@ class Item:
     rows: list = field(default_factory=list)
     elapsed: float = 0.0
     data: bytes | None = field(default=None, repr=False)   # the file's bytes until they are copied
-
-
-def _error_row(key: str, lang: str, *, exercise: str = "", max_score: int = 0, **fields) -> dict:
-    return {"exercise": exercise, "passed": False, "score": 0.0, "max_score": max_score, "outcome": "error",
-            "feedback": tr(key, lang, **fields), "lang": lang, "details": {"reason": rendered(key, **fields)},
-            "elapsed": 0.0}
 
 
 def lab_of(lab: str | None) -> str | None:
@@ -232,7 +225,7 @@ def _checked_rows(item: Item, lang: str) -> list[dict]:
         ex, r = registry.get(ex_id), reported.get(ex_id)
         if r is None or r.get("outcome") not in OUTCOMES or not isinstance(r.get("feedback"), str):
             log = _tail(item.private / "worker.log")
-            rows.append(_error_row("class_worker_failed", lang, exercise=ex_id, max_score=ex.max_score,
+            rows.append(error_row("class_worker_failed", lang, exercise=ex_id, max_score=ex.max_score,
                                    file=item.rel, why=log or "no verdict"))
             continue
         try:
@@ -267,58 +260,21 @@ def run_class(folder: str | os.PathLike, *, jobs: int = 2, lang: str | None = No
     items = scan(folder, lang, lab)
     root = Path(tempfile.mkdtemp(prefix="dtrain-class-"))
     os.chmod(root, 0o700)
-    interrupted = False
     try:
         _snapshot(items, root)
-        pending = [i for i in items if i.kind != "error" and i.exercises]
-        running: list[tuple[Item, subprocess.Popen, float, float, object]] = []
-        try:
-            while pending or running:
-                while pending and len(running) < jobs:
-                    item = pending.pop(0)
-                    log = open(item.private / "worker.log", "wb")
-                    env = {**os.environ, "DTRAIN_LANG": lang}
-                    cmd = [sys.executable, "-m", "dtrain_lab.grading.classrun", "--worker", str(item.private)]
-                    if not quiet:
-                        cmd.append("--verbose")
-                    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            env=env, start_new_session=True)
-                    now = time.monotonic()
-                    running.append((item, proc, now, now + budget(item.exercises), log))
-                time.sleep(0.1)
-                for entry in list(running):
-                    item, proc, started, deadline, log = entry
-                    if proc.poll() is None and time.monotonic() < deadline:
-                        continue
-                    timed_out = proc.poll() is None
-                    _kill_group(proc)   # whatever the worker left in its group goes with it
-                    log.close()
-                    item.elapsed = time.monotonic() - started
-                    if timed_out:
-                        item.rows = [_error_row("class_worker_timeout", lang, exercise=i,
-                                                max_score=registry.get(i).max_score, file=item.rel,
-                                                limit=deadline - started) for i in item.exercises]
-                    else:
-                        item.rows = _checked_rows(item, lang)
-                    running.remove(entry)
-        except KeyboardInterrupt:
-            interrupted = True
-            for _item, proc, _, _, log in running:
-                _kill_group(proc)
-                log.close()
-        _reap_children()
+        interrupted = _run_workers([i for i in items if i.kind != "error" and i.exercises], jobs, lang, quiet)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for item in items:
         if item.kind == "error":
             key, fields = item.error
-            item.rows = [_error_row(key, lang, **fields)]
+            item.rows = [error_row(key, lang, **fields)]
         elif not item.rows:   # interrupted before it was graded
-            item.rows = [_error_row("class_interrupted", lang, exercise=i, max_score=registry.get(i).max_score,
+            item.rows = [error_row("class_interrupted", lang, exercise=i, max_score=registry.get(i).max_score,
                                     file=item.rel) for i in item.exercises]
         if lab:
             done = {r["exercise"] for r in item.rows}
-            item.rows += [_error_row("class_not_submitted", lang, exercise=e.id, max_score=e.max_score,
+            item.rows += [error_row("class_not_submitted", lang, exercise=e.id, max_score=e.max_score,
                                      title=e.title[lang], file=item.rel)
                           for e in registry.all_exercises() if e.lab == lab and e.id not in done and item.kind != "env"]
         item.rows.sort(key=lambda r: r["exercise"])
@@ -329,66 +285,100 @@ def run_class(folder: str | os.PathLike, *, jobs: int = 2, lang: str | None = No
                              "verdicts": i.rows} for i in items]}
 
 
-def _reap_children() -> None:
-    """Nothing of a grade may outlive the run: kill and wait for any process still under this one."""
-    import psutil
+def _run_workers(pending: list[Item], jobs: int, lang: str, quiet: bool) -> bool:
+    """Grade ``pending``, at most ``jobs`` workers at a time; True if interrupted (Ctrl-C)."""
+    from dtrain_lab.grading import registry
 
+    reaper = Reaper()
+    running: list[tuple[Item, subprocess.Popen, float, float, object]] = []
     try:
-        left = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return
-    for p in left:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=5)
-
-
-def _cell(value) -> str:
-    """A CSV cell a spreadsheet shows as text: a file named ``=HYPERLINK(…)`` is not a formula."""
-    text = str(value)
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
-
-
-def gradebook_csv(results: dict) -> str:
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(["student", "file", "exercise", "score", "max_score", "outcome"])
-    for sub in results["submissions"]:
-        for r in sub["verdicts"]:
-            w.writerow([_cell(sub["student"]), _cell(sub["file"]), r["exercise"], f"{r['score']:g}",
-                        r["max_score"], r["outcome"]])
-    return out.getvalue()
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` so that ``path`` holds either the old or the whole new content, even on a crash."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
+        while pending or running:
+            while pending and len(running) < jobs:
+                item = pending.pop(0)
+                log = open(item.private / "worker.log", "wb")
+                cmd = [sys.executable, "-m", "dtrain_lab.grading.classrun", "--worker", str(item.private)]
+                proc = subprocess.Popen(cmd + ([] if quiet else ["--verbose"]), stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={**os.environ, "DTRAIN_LANG": lang})
+                now = time.monotonic()
+                running.append((item, proc, now, now + budget(item.exercises), log))
+            time.sleep(0.1)
+            reaper.orphans(keep={proc.pid for _, proc, *_ in running})
+            for entry in list(running):
+                item, proc, started, deadline, log = entry
+                if proc.poll() is None and time.monotonic() < deadline:
+                    continue
+                timed_out = proc.poll() is None
+                _kill_group(proc)   # whatever the worker left in its group goes with it
+                log.close()
+                item.elapsed = time.monotonic() - started
+                if timed_out:
+                    item.rows = [error_row("class_worker_timeout", lang, exercise=i, max_score=registry.get(i).max_score,
+                                           file=item.rel, limit=deadline - started) for i in item.exercises]
+                else:
+                    item.rows = _checked_rows(item, lang)
+                running.remove(entry)
+        return False
+    except KeyboardInterrupt:
+        for _item, proc, _, _, log in running:
+            _kill_group(proc)
+            log.close()
+        return True
     finally:
-        os.close(dfd)
+        reaper.close()
 
 
-def write_results(results: dict, out: str | os.PathLike) -> tuple[Path, Path]:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, csv_path = out / "results.json", out / "gradebook.csv"
-    write_atomic(json_path, json.dumps(results, ensure_ascii=False, indent=2))
-    write_atomic(csv_path, gradebook_csv(results))
-    return json_path, csv_path
+class Reaper:
+    """Nothing a grade starts may outlive the class run, not even a double-forked ``setsid`` daemon
+    the sandbox did not catch: this process becomes a *child subreaper* (Linux ``prctl
+    PR_SET_CHILD_SUBREAPER``), so orphans of the workers' descendants are re-parented to it instead
+    of to init, and are killed (with what they started) as soon as they show up and at the end.
+    Processes that were already this process's children are left alone."""
+
+    def __init__(self):
+        import psutil
+
+        self.me = psutil.Process()
+        self.before = {c.pid for c in self.me.children()}
+        self.previous = _subreaper(True)
+
+    def orphans(self, keep: set) -> None:
+        import psutil
+
+        try:
+            strays = [c for c in self.me.children() if c.pid not in keep and c.pid not in self.before]
+        except psutil.Error:
+            return
+        victims = []
+        for c in strays:
+            try:
+                victims += c.children(recursive=True) + [c]
+            except psutil.Error:
+                victims.append(c)
+        for v in victims:
+            try:
+                v.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(victims, timeout=5)
+
+    def close(self) -> None:
+        self.orphans(keep=set())
+        if self.previous is not None:
+            _subreaper(self.previous)
+
+
+def _subreaper(on: bool) -> bool | None:
+    """Set PR_SET_CHILD_SUBREAPER (36); return the previous setting (PR_GET, 37), None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    old = ctypes.c_int(0)
+    if libc.prctl(37, ctypes.byref(old), 0, 0, 0) != 0 or libc.prctl(36, int(on), 0, 0, 0) != 0:
+        return None
+    return bool(old.value)
 
 
 def worker(private: Path, verbose: bool = False) -> int:
@@ -413,7 +403,7 @@ def worker(private: Path, verbose: bool = False) -> int:
             v = grade(ex_id, path, lang=lang, quiet=not verbose)
             rows.append(v.to_json())
         except Exception as exc:  # noqa: BLE001 - one exercise's failure never costs the others
-            rows.append(_error_row("class_worker_failed", lang, exercise=ex_id, max_score=ex.max_score,
+            rows.append(error_row("class_worker_failed", lang, exercise=ex_id, max_score=ex.max_score,
                                    file=job["rel"], why=f"{type(exc).__name__}: {exc}"[:400]))
     write_atomic(private / "result.json", json.dumps(rows, ensure_ascii=False))
     return 0

@@ -1,0 +1,72 @@
+"""A class's results on disk: ``results.json`` and ``gradebook.csv``, each written atomically.
+
+Atomic: a temporary file in the same folder, ``fsync``, ``os.replace`` over the old file, ``fsync``
+of the folder; a reader (or a crash) sees the old file or the whole new one, never half of one.
+The CSV is safe to open in a spreadsheet: a cell that would start a formula (a file named
+``=HYPERLINK(…).ipynb``) is written as text.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from dtrain_lab.i18n import rendered, tr
+
+COLUMNS = ("student", "file", "exercise", "score", "max_score", "outcome")
+
+
+def error_row(key: str, lang: str, *, exercise: str = "", max_score: int = 0, **fields) -> dict:
+    """A verdict (as a dict) for what could not be graded, the reason in both languages in details."""
+    return {"exercise": exercise, "passed": False, "score": 0.0, "max_score": max_score, "outcome": "error",
+            "feedback": tr(key, lang, **fields), "lang": lang, "details": {"reason": rendered(key, **fields)},
+            "elapsed": 0.0}
+
+
+def csv_cell(value) -> str:
+    """A CSV cell a spreadsheet shows as text: a file named ``=HYPERLINK(…)`` is not a formula."""
+    text = str(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def gradebook_csv(results: dict) -> str:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(COLUMNS)
+    for sub in results["submissions"]:
+        for r in sub["verdicts"]:
+            w.writerow([csv_cell(sub["student"]), csv_cell(sub["file"]), r["exercise"], f"{r['score']:g}",
+                        r["max_score"], r["outcome"]])
+    return out.getvalue()
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` so that ``path`` holds either the old or the whole new content, even on a crash."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def write_results(results: dict, out: str | os.PathLike) -> tuple[Path, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = out / "results.json", out / "gradebook.csv"
+    write_atomic(json_path, json.dumps(results, ensure_ascii=False, indent=2))
+    write_atomic(csv_path, gradebook_csv(results))
+    return json_path, csv_path

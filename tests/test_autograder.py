@@ -1,0 +1,186 @@
+"""The Gradescope autograder: ``dtrain-lab autograder build LAB --out FILE.zip`` and its
+``run_autograder``, run end to end in a temporary $AUTOGRADER_ROOT with the zip's own wheel installed
+(no network: ``pip install --no-deps --target``), on cheap lab 11 submissions (read, never run).
+Gradescope's format: gradescope-autograders.readthedocs.io/en/latest/specs/ (``docs/specs.md`` of
+gradescope/autograder_samples)."""
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from conftest import ROOT
+from dtrain_lab.grading import autograder, registry
+from dtrain_lab.i18n import LabError
+from test_classrun import BOM, env_solutions, notebook
+
+VISIBILITY = {"visible", "hidden", "after_due_date", "after_published"}
+
+
+def check_gradescope(doc: dict) -> None:
+    """The fields of Gradescope's results.json this autograder writes, with their types and limits."""
+    assert isinstance(doc["score"], (int, float)) and isinstance(doc["execution_time"], int)
+    assert isinstance(doc["output"], str) and len(doc["output"].encode()) <= 64 * 1024
+    assert doc.get("visibility", "visible") in VISIBILITY and doc.get("stdout_visibility", "hidden") in VISIBILITY
+    for t in doc["tests"]:
+        assert isinstance(t["name"], str) and t["name"]
+        assert isinstance(t["score"], float) and isinstance(t["max_score"], float) and 0 <= t["score"] <= t["max_score"]
+        assert t["status"] in ("passed", "failed") and t["visibility"] in VISIBILITY
+        assert isinstance(t["output"], str) and len(t["output"].encode()) <= 64 * 1024
+        assert isinstance(t["extra_data"]["execution_time"], float)
+    assert doc["score"] == sum(t["score"] for t in doc["tests"])
+
+
+def test_lab_is_named_three_ways_and_help_lists_every_lab():
+    for text in ("lab10", "10", "lab_10", "lab-10", "lab_10_deadlocks", "LAB10"):
+        assert autograder.resolve_lab(text) == "lab_10", text
+    for bad in ("lab_10_zero", "99", "lab", ""):
+        with pytest.raises(LabError) as e:
+            autograder.resolve_lab(bad)
+        assert "lab_10_deadlocks" in str(e.value) and "实验" in str(e.value)
+    r = subprocess.run([sys.executable, "-m", "dtrain_lab.cli", "autograder", "build", "--help"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    labs = sorted({e.lab for e in registry.all_exercises()})
+    names = {p.stem[:6]: p.stem for p in (ROOT / "solutions" / "_source").glob("lab_*.md")}
+    for lab in labs:   # derived from the registry: a new lab appears without touching the autograder
+        assert lab in r.stdout and names[lab] in r.stdout, (lab, r.stdout)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Two zips of lab 11 (all exercises; only lab11.roce) and one install of their wheel."""
+    tmp = tmp_path_factory.mktemp("ag")
+    whole = autograder.build("lab_11_nccl", tmp / "lab11.zip", lang="en")
+    roce = autograder.build("11", tmp / "roce.zip", exercises=["lab11.roce"], lang="en")
+    site = tmp / "site"
+    with zipfile.ZipFile(whole) as z:
+        wheel = next(n for n in z.namelist() if n.startswith("wheels/"))
+        z.extract(wheel, tmp)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
+                    str(tmp / wheel)], check=True, timeout=300)
+    return {"lab11": whole, "roce": roce, "site": site}
+
+
+def test_zip_layout_setup_and_pins(built, tmp_path):
+    with zipfile.ZipFile(built["lab11"]) as z:
+        names = z.namelist()
+        infos = {i.filename: i for i in z.infolist()}
+        config = json.loads(z.read("autograder.json"))
+        setup = z.read("setup.sh").decode()
+        z.extractall(tmp_path)
+    assert {"setup.sh", "run_autograder", "autograder.json"} <= set(names)       # at the root of the zip
+    for script in ("setup.sh", "run_autograder"):
+        assert (infos[script].external_attr >> 16) & 0o111, f"{script} is not executable once unzipped"
+        r = subprocess.run(["bash", "-n", str(tmp_path / script)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "@" + "LAB_NAME@" not in (tmp_path / script).read_text()
+    wheel = [n for n in names if re.fullmatch(r"wheels/dtrain_lab-[^/]+-py3-none-any\.whl", n)]
+    assert len(wheel) == 1
+    with zipfile.ZipFile(tmp_path / wheel[0]) as w:
+        inside = set(w.namelist())
+    assert {"dtrain_lab/grading/autograder.py", "dtrain_lab/grading/messages.toml", "dtrain_lab/i18n/messages.toml"} <= inside
+    assert not [n for n in inside if n.startswith(("tests/", "solutions/", "labs/"))]
+    # the CPU build of torch comes from PyTorch's own index, at exactly the version the course pins
+    pins = dict(re.findall(r'"(torch|deepspeed)==([^"]+)"', (ROOT / "pyproject.toml").read_text()))
+    assert "https://download.pytorch.org/whl/cpu" in setup
+    assert re.search(r'--index-url "\$TORCH_INDEX" "torch==' + re.escape(pins["torch"]) + '"', setup), setup
+    assert f'"deepspeed=={pins["deepspeed"]}"' in setup and "wheels/*.whl" in setup
+    assert config["lab"] == "lab_11" and config["name"] == "lab_11_nccl"
+    assert config["exercises"] == [e.id for e in registry.all_exercises() if e.lab == "lab_11"]
+    with zipfile.ZipFile(built["roce"]) as z:
+        assert json.loads(z.read("autograder.json"))["exercises"] == ["lab11.roce"]
+
+
+def run_autograder(built, tmp_path, zip_key, files: dict, env: dict | None = None, corrupt: bool = False):
+    root = tmp_path / "autograder"
+    (root / "submission").mkdir(parents=True)
+    (root / "source").mkdir()
+    with zipfile.ZipFile(built[zip_key]) as z:
+        z.extractall(root / "source")
+    if corrupt:
+        (root / "source" / "autograder.json").write_text("{ not json")
+    for name, data in files.items():
+        path = root / "submission" / name
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    run_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AUTOGRADER_ROOT": str(root),
+               "DTRAIN_AUTOGRADER_PYTHON": sys.executable, "PYTHONPATH": str(built["site"]), **(env or {})}
+    r = subprocess.run(["bash", str(root / "source" / "run_autograder")], capture_output=True, text=True,
+                       timeout=300, env=run_env, cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((root / "results" / "results.json").read_text(encoding="utf-8"))
+    check_gradescope(doc)
+    return doc, r
+
+
+def by_exercise(doc):
+    return {t["extra_data"]["exercise"]: t for t in doc["tests"]}
+
+
+@pytest.mark.timeout(300)
+def test_run_autograder_grades_one_notebook_with_the_wheel(built, tmp_path):
+    env = env_solutions()
+    nb = notebook(["%%writefile lab11_roce.env\n" + env["lab11_roce.env"]["solution"],
+                   "%%writefile lab11_two_nodes.env\n" + env["lab11_two_nodes.env"]["learner"]])
+    doc, _ = run_autograder(built, tmp_path, "lab11", {"lab_11_nccl.ipynb": nb, "notes.py": "x = 1\n"})
+    tests = by_exercise(doc)
+    lab11 = [e.id for e in registry.all_exercises() if e.lab == "lab_11"]
+    assert set(lab11) <= set(tests)                                   # every exercise of the lab has a row
+    assert tests["lab11.roce"]["status"] == "passed" and tests["lab11.roce"]["score"] == 1.0
+    assert tests["lab11.two_nodes"]["status"] == "failed" and "stub" in tests["lab11.two_nodes"]["output"]
+    assert tests[""]["max_score"] == 0.0 and "notes.py" in tests[""]["output"]   # the stray file has a row
+    assert doc["score"] == 1.0 and doc["tests"][0]["visibility"] == "visible"
+    assert doc["extra_data"]["package"].startswith(str(built["site"])), "graded with the zip's own wheel"
+
+
+@pytest.mark.timeout(300)
+def test_a_bom_env_is_graded_as_without_it(built, tmp_path):
+    text = env_solutions()["lab11_roce.env"]["solution"]
+    plain, _ = run_autograder(built, tmp_path / "a", "roce", {"my_answer.env": text})
+    bom, _ = run_autograder(built, tmp_path / "b", "roce", {"my_answer.env": BOM + text.encode()})
+    assert [t["status"] for t in plain["tests"]] == [t["status"] for t in bom["tests"]] == ["passed"]
+    assert bom["score"] == 1.0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", ["none", "several", "malformed", "grader_config", "no_python"])
+def test_bad_submissions_score_zero_with_a_valid_results_json(built, tmp_path, case):
+    nb = notebook(["%%writefile lab11_roce.env\n" + env_solutions()["lab11_roce.env"]["solution"]])
+    files = {"none": {}, "several": {"a.ipynb": nb, "b.ipynb": nb},
+             "malformed": {"lab.ipynb": '{"cells": ['}}.get(case, {"lab.ipynb": nb})
+    env = {"DTRAIN_AUTOGRADER_PYTHON": "/nonexistent/python"} if case == "no_python" else None
+    doc, r = run_autograder(built, tmp_path, "lab11", files, env=env, corrupt=case == "grader_config")
+    assert doc["score"] == 0, doc
+    text = doc["output"] + " ".join(t["output"] for t in doc["tests"])
+    expected = {"none": "No submission was found", "several": "upload exactly one",
+                "malformed": "not a valid notebook", "grader_config": "The autograder failed",
+                "no_python": "The autograder failed"}[case]
+    assert expected in text, text
+    if case in ("none", "several", "malformed"):   # and still a row, at 0, for every exercise of the lab
+        assert {e.id for e in registry.all_exercises() if e.lab == "lab_11"} <= set(by_exercise(doc))
+
+
+def test_outputs_are_cut_to_64_kib_on_a_character_boundary():
+    long = "死锁" * 40000 + "end"                           # 240 kB of 3-byte characters
+    cut = autograder.truncate(long)
+    assert len(cut.encode("utf-8")) <= 64 * 1024 and cut.startswith("死锁") and "bytes cut" in cut
+    v = {"exercise": "lab11.roce", "passed": False, "score": 0.0, "max_score": 1, "outcome": "wrong",
+         "feedback": long, "elapsed": 1.25}
+    doc = autograder.gradescope_json([v], lang="en")
+    check_gradescope(doc)
+    assert doc["tests"][0]["extra_data"]["execution_time"] == 1.25 and doc["execution_time"] == 1
+
+
+def test_a_hidden_check_module_travels_outside_the_wheel(tmp_path):
+    hidden = tmp_path / "my_private_checks.py"
+    hidden.write_text("# instructor checks\n")
+    out = autograder.build("lab11", tmp_path / "h.zip", exercises=["lab11.roce"], lang="zh",
+                           hidden_checks=[str(hidden)])
+    with zipfile.ZipFile(out) as z:
+        assert "hidden/my_private_checks.py" in z.namelist()
+        config = json.loads(z.read("autograder.json"))
+    assert config["hidden_checks"] == ["my_private_checks"] and config["lang"] == "zh"
+    shutil.rmtree(tmp_path, ignore_errors=True)
