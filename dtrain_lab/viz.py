@@ -336,7 +336,7 @@ def pipeline_timeline(timeline, ax=None, title: str | None = None, unit: str = "
     ``(start, end, action)`` from :func:`dtrain_lab.parallel.pipeline.simulate_timeline` or the ``timeline``
     that :func:`dtrain_lab.parallel.pipeline.run_schedule` recorded on each rank (times are shifted so that
     the first action starts at 0, then multiplied by ``scale``, e.g. 1e3 for milliseconds)."""
-    from dtrain_lab.parallel.pipeline import _as_action, idle_fraction
+    from dtrain_lab.parallel.pipeline import as_action, idle_fraction
 
     if ax is None:
         _, ax = new_figure(figsize=(9, 0.55 * len(timeline) + 1.2))
@@ -345,7 +345,7 @@ def pipeline_timeline(timeline, ax=None, title: str | None = None, unit: str = "
     colors = {"F": "#4C72B0", "B": "#DD8452"}
     for s, stage in enumerate(timeline):
         for start, end, act in stage:
-            a = _as_action(act)
+            a = as_action(act)
             x0, w = (float(start) - t0) * scale, (float(end) - float(start)) * scale
             ax.broken_barh([(x0, w)], (s - 0.4, 0.8), facecolors=colors.get(a.kind, "grey"), edgecolor="white")
             ax.text(x0 + w / 2, s, str(a), ha="center", va="center", fontsize=7, color="white")
