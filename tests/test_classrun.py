@@ -149,12 +149,13 @@ def run():
                 f.write({payload!r})
         except OSError:
             pass
-    # a daemon that escapes the job's process group and waits for the grader to finish
+    # a daemon that escapes the job's process group and session, with an empty environment (no tag a
+    # cleanup could find it by), and waits for the grader to finish
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "{marker}"],
-                             start_new_session=True)
+                             start_new_session=True, env={{}}, close_fds=True)
         os._exit(0)
     return None
 '''
@@ -223,8 +224,8 @@ def test_worker_verdicts_are_checked_against_the_registry(tmp_path):
 def test_scan_refuses_oversized_files_and_unknown_env_files(tmp_path, monkeypatch):
     folder = tmp_path / "class"
     folder.mkdir()
-    monkeypatch.setattr(classrun, "MAX_FILE_BYTES", 100)
-    (folder / "big.ipynb").write_text(notebook(["%%writefile lab11_roce.env\n" + "A=1\n" * 100]))
+    monkeypatch.setattr(classrun, "MAX_FILE_BYTES", 1000)
+    (folder / "big.ipynb").write_text(notebook(["%%writefile lab11_roce.env\n" + "A=1\n" * 300]))
     (folder / "mystery.env").write_text("NCCL_DEBUG=INFO\n")
     (folder / "empty.ipynb").write_text(notebook(["print(1)"]))
     items = {i.rel: i for i in classrun.scan(folder, "en")}
