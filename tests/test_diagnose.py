@@ -5,7 +5,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from dtrain_lab.jobs.diagnose import Frame, WaitSite, diagnose, wait_site
-from dtrain_lab.jobs.launch import _native_abort
+from dtrain_lab.jobs.outcome import native_abort, signal_or_code
 
 DIST = "/x/site-packages/torch/distributed/distributed_c10d.py"
 
@@ -64,9 +64,9 @@ def test_failure_readings():
 def test_native_abort_is_read_from_stderr():
     stderr = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
               "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 8 vs 4.\n")
-    assert _native_abort(stderr) == ("gloo::EnforceNotMet (C++ abort): [enforce fail at pair.cc:456] "
+    assert native_abort(stderr) == ("gloo::EnforceNotMet (C++ abort): [enforce fail at pair.cc:456] "
                                      "op.preamble.length <= op.nbytes. 8 vs 4.")
-    assert _native_abort("Traceback ...\nValueError: x") is None
+    assert native_abort("Traceback ...\nValueError: x") is None
 
 
 def test_a_rank_inside_backward_waits_in_backward():
@@ -81,14 +81,12 @@ def test_a_rank_inside_backward_waits_in_backward():
 
 
 def test_signal_is_read_from_the_failing_ranks_own_block():
-    from dtrain_lab.jobs.launch import _signal_or_code
-
     agent = ("Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 11)\n"
              "  traceback : To enable traceback see ...\n-----------------------\n"
              "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n"
              "  exitcode  : -11 (pid: 10)\n  traceback : Signal 11 (SIGSEGV) received by PID 10\n=========\n")
-    assert _signal_or_code(agent, 0) == "killed by SIGSEGV"
-    assert _signal_or_code(agent, 1) == "exit code 1"
+    assert signal_or_code(agent, 0) == "killed by SIGSEGV"
+    assert signal_or_code(agent, 1) == "exit code 1"
 
 
 def test_a_rank_in_ddps_buffer_broadcast_waits_in_a_collective():
@@ -102,3 +100,13 @@ def test_a_rank_in_ddps_buffer_broadcast_waits_in_a_collective():
     assert w.call == "_distributed_broadcast_coalesced" and w.where == "train.py:12 in evaluate"
     (h,) = diagnose(hung(w, site("barrier")), "en")
     assert "different collectives" in h
+
+
+def test_secondary_errors_are_consequences_not_causes():
+    from dtrain_lab.jobs.diagnose import is_secondary_error
+
+    assert is_secondary_error("RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1")
+    assert not is_secondary_error("ValueError: the learner's own bug")
+    fail = NS(hung=False, ok=False, phase=None, first_failure=1, ranks=[],
+              exception="RuntimeError: Connection reset by peer")
+    assert len(diagnose(fail, "en")) == 1

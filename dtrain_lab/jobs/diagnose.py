@@ -8,9 +8,14 @@ called it.
 """
 from __future__ import annotations
 
+import glob
 import linecache
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from dtrain_lab.i18n import tr
+from dtrain_lab.jobs import _procs
 
 _THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.I)
 _FRAME_RE = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
@@ -122,7 +127,38 @@ def format_stack(stack_text: str, limit: int = 12) -> str:
     return "\n".join(f"    {f.short}" for f in frames)
 
 
+def collect_stacks(job_dir: Path, ranks: dict) -> None:
+    """Ask every rank of a hung job for its stack (SIGUSR1 -> faulthandler) and parse where each
+    waits: ``ranks[r].stack`` and ``ranks[r].waiting`` (a :class:`WaitSite`)."""
+    asked = []
+    for marker in glob.glob(str(job_dir / "started.*")):
+        try:
+            r = int(Path(marker).name.split(".")[1])
+            attempt = Path(marker).name.split(".")[2]
+            pid = int(Path(marker).read_text().strip())
+        except (OSError, ValueError, IndexError):
+            continue
+        if _procs.sigusr1(pid):
+            asked.append((r, job_dir / f"stack.{r}.{attempt}.{pid}"))
+    for r, path in asked:
+        text = _procs.wait_stable(str(path), timeout=3.0)
+        if r in ranks and text:
+            ranks[r].stack = text
+            ranks[r].waiting = wait_site(text)
+
+
 # ------------------------------------------------------------------------------------ diagnosis
+# What a rank reports when *another* rank died (its peer closed the socket): a consequence, never
+# the cause of a failure.
+SECONDARY_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                    "remote worker crashing", "Socket Timeout", "communicator was aborted")
+
+
+def is_secondary_error(message: str) -> bool:
+    """True for the errors a rank gets because *another* rank died (its peer closed the socket)."""
+    return any(s in message for s in SECONDARY_ERRORS)
+
+
 # Patterns in the first failure's message -> a diagnosis key (messages in dtrain_lab.i18n).
 _EXCEPTION_PATTERNS = (
     ("Detected mismatch between collectives", "diag_desync_detected"),
@@ -145,8 +181,6 @@ def diagnose(result, lang: str | None = None) -> list[str]:
     DDP's unused-parameter error, a busy port, a size mismatch, a process-group timeout).
     Returns one hint per line, in the learner's language; empty for a job that ended well.
     """
-    from dtrain_lab.i18n import tr
-
     hints: list[str] = []
     if getattr(result, "hung", False):
         if result.phase == "startup":
@@ -178,9 +212,7 @@ def diagnose(result, lang: str | None = None) -> list[str]:
             hints.append(tr(key, lang, rank=result.first_failure))
             break
     if not hints:
-        from dtrain_lab.jobs.launch import _is_secondary
-
-        key = "diag_secondary" if _is_secondary(message) else "diag_first_failure"
+        key = "diag_secondary" if is_secondary_error(message) else "diag_first_failure"
         hints.append(tr(key, lang, rank=result.first_failure))
     return hints
 
@@ -190,34 +222,3 @@ def _is_collective(site: WaitSite | None) -> bool:
     if site is None:
         return False
     return site.call == "backward" or any(any(m in f.file for m in _DIST_MARKERS) for f in site.frames)
-
-
-def reproduce_address_in_use(timeout: float = 120.0) -> tuple[int, str]:
-    """Start a real ``torchrun --master-port P`` while another socket already listens on P (what a
-    second job with a hard-coded port meets). Returns torchrun's exit code and its last error line."""
-    import os
-    import socket
-    import subprocess
-    import sys
-    import uuid
-
-    from dtrain_lab.jobs.launch import PACKAGE_PARENT
-
-    with socket.socket() as busy:            # "the first job": holds the port while torchrun starts
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-               "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "dtrain_lab.demos.hello"]
-        job_id = f"busy-port-{uuid.uuid4().hex[:8]}"
-        env = dict(os.environ, PYTHONPATH=str(PACKAGE_PARENT), DTRAIN_JOB_ID=job_id)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
-        try:
-            _, stderr = proc.communicate(timeout=timeout)
-        finally:                              # never leave the agent or its worker behind
-            from dtrain_lab.jobs._procs import kill_job
-
-            kill_job(job_id, proc)
-    errors = [ln for ln in stderr.splitlines() if "Error" in ln and ":" in ln]
-    return proc.returncode, (errors[-1].strip() if errors else stderr.strip()[-300:])

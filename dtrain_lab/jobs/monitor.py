@@ -38,6 +38,7 @@ import json
 import os
 import sys
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -48,6 +49,11 @@ from dtrain_lab.i18n import LabError, tr
 PHASES = ("data", "compute", "comm", "optimizer")
 COLLECTIVE_PATTERNS = ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter",
                        "gloo", "nccl", "c10d::")
+
+# Column and phase labels in the learner's language (the phase names themselves stay the API's).
+_LABEL_KEYS = {"rank": "mon_col_rank", "data": "mon_col_data", "compute": "mon_col_compute", "comm": "mon_col_comm",
+               "optimizer": "mon_col_optimizer", "other": "mon_col_other", "step": "mon_col_step",
+               "busy": "mon_col_busy", "samples/s": "mon_col_sps"}
 
 __all__ = ["PHASES", "StepTimer", "timed_allreduce_hook", "memory_stats", "gather_summaries", "RankTable",
            "profile_step", "trace_facts", "progress", "format_split"]
@@ -256,7 +262,8 @@ class RankTable:
 
     def table(self, lang: Optional[str] = None) -> str:
         cols = list(PHASES) + ["other", "step"]
-        head = f"{'rank':>4} " + " ".join(f"{c:>10}" for c in cols) + f" {'busy':>10} {'samples/s':>10}"
+        head = " ".join([_rjust(_label("rank", lang), 4)] + [_rjust(_label(c, lang), 10) for c in cols]
+                        + [_rjust(_label("busy", lang), 10), _rjust(_label("samples/s", lang), 10)])
         lines = [tr("mon_table_title", lang), head]
         for r, row in enumerate(self.rows):
             m = row["mean"]
@@ -267,6 +274,17 @@ class RankTable:
                         fast=f, fast_busy=self.rows[f]["busy"] * 1e3,
                         wait=(self.rows[f]["mean"].get("comm", 0.0) - self.rows[s]["mean"].get("comm", 0.0)) * 1e3))
         return "\n".join(lines)
+
+
+def _label(name: str, lang: Optional[str] = None) -> str:
+    key = _LABEL_KEYS.get(name)
+    return tr(key, lang) if key else name
+
+
+def _rjust(text: str, width: int) -> str:
+    """Right-align by display width: a CJK character takes two columns of a terminal or notebook."""
+    shown = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    return " " * max(0, width - shown) + text
 
 
 def gather_summaries(summary: Dict[str, Any], dst: int = 0, group=None) -> Optional[RankTable]:
@@ -389,6 +407,7 @@ def format_split(summary: Dict[str, Any], lang: Optional[str] = None) -> str:
     """One line: mean ms per phase and their share of the step."""
     m = summary["mean"]
     step = m["step"] or 1e-12
-    parts = [f"{k} {m.get(k, 0.0) * 1e3:.2f} ms ({100 * m.get(k, 0.0) / step:.0f}%)" for k in list(PHASES) + ["other"]]
+    parts = [f"{_label(k, lang)} {m.get(k, 0.0) * 1e3:.2f} ms ({100 * m.get(k, 0.0) / step:.0f}%)"
+             for k in list(PHASES) + ["other"]]
     return tr("mon_split", lang, step=m["step"] * 1e3, parts=", ".join(parts),
               sps=summary["samples_per_s"], clock=summary["clock"])

@@ -55,7 +55,7 @@ class EnvVar:
 
     def describe(self, lang: str | None = None) -> str:
         """What the variable does, in ``lang`` (default: the learner's language)."""
-        return i18n.pick({"zh": self.zh, "en": self.en}, lang)
+        return getattr(self, lang or i18n.get_lang())   # the entry's own zh / en fields
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,273 @@
+"""Two (or more) "nodes" on one machine: :func:`run_local_nodes` starts ``nnodes`` torchrun agents
+on this machine, each through :func:`dtrain_lab.launch` as if it were a node of its own, joined by a c10d rendezvous on a free
+loopback port. This is exactly what happens on a cluster, minus the network:
+
+* every agent is given the same ``--rdzv-endpoint`` and ``--rdzv-id``; the first one to bind the
+  endpoint hosts the rendezvous store, the others connect to it;
+* with c10d the node rank is *assigned* by the rendezvous, not taken from ``--node-rank`` (torchrun
+  ignores it and says so): the agents are sorted by (host, pid) and numbered
+  (``torch/distributed/elastic/rendezvous/dynamic_rendezvous.py``: ``for rank, node in
+  enumerate(sorted(state.participants))``). A worker learns its node from ``GROUP_RANK``; its
+  global rank is ``GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK``.
+
+  Consequence for :class:`~dtrain_lab.jobs.launch.LaunchResult`: each launch numbers its ranks
+  ``node_rank * nproc + local_rank``, a guess that is wrong whenever the rendezvous gave the node
+  another group rank. :class:`NodesResult` therefore rebuilds the job's ranks from what the workers
+  themselves recorded (their ``RANK``), not from the requested ``node_rank``.
+* if one node fails, the others are stopped at once (not left waiting in the rendezvous or in a
+  collective until their time limit), and no process of any node survives.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import psutil
+
+from dtrain_lab.i18n import LabError, tr
+from dtrain_lab.jobs.launch import launch
+from dtrain_lab.jobs.result import gathered, load_reports
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class NodeInfo:
+    """One simulated node: what was asked, what the rendezvous gave it, and its launch."""
+
+    requested_rank: int                  # the node_rank passed to launch() (c10d ignores it)
+    group_rank: int | None               # the node rank the rendezvous assigned (None: never started)
+    ranks: list[int]                     # global ranks of its workers, from what they recorded
+    result: Any                          # its dtrain_lab.jobs.launch.LaunchResult
+    stopped: bool = False                # killed by run_local_nodes because another node had failed
+
+
+@dataclass
+class NodesResult:
+    """The outcome of :func:`run_local_nodes`: every node's launch and the job's ranks merged."""
+
+    target: str
+    nnodes: int
+    nproc: int
+    endpoint: str
+    rdzv_id: str
+    ok: bool
+    elapsed: float
+    nodes: list[NodeInfo] = field(default_factory=list)
+    ranks: list = field(default_factory=list)     # RankResult of every rank, in global-rank order
+    stopped_by_peer: list[int] = field(default_factory=list)  # nodes killed because another had failed
+
+    @property
+    def metrics(self) -> dict[int, dict]:
+        return {r.rank: r.metrics for r in self.ranks}
+
+    def gathered(self, key: str) -> list:
+        """``metrics[r][key]`` for every rank of the whole job, in global-rank order."""
+        return gathered(self.ranks, key)
+
+    def summary(self, lang: str | None = None) -> str:
+        lines = [tr("cl_nodes_ok" if self.ok else "cl_nodes_failed", lang, nnodes=self.nnodes,
+                    world=self.nnodes * self.nproc, endpoint=self.endpoint)]
+        for n in self.nodes:
+            lines.append(tr("cl_node_line", lang, node=n.requested_rank,
+                            group="?" if n.group_rank is None else n.group_rank,
+                            ranks=", ".join(map(str, n.ranks)) or "-"))
+            lines.extend("    " + ln for ln in n.result.summary(lang, timing=False).splitlines())
+        for i in self.stopped_by_peer:
+            lines.append(tr("cl_node_stopped", lang, node=i))
+        lines.append(f"  [{self.elapsed:.1f} s]")
+        return "\n".join(lines)
+
+
+def _marker_processes(marker: str, node: int | None = None) -> list:
+    found = []
+    me = os.getpid()
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid == me:
+                continue
+            env = p.environ()
+            if env.get("DTRAIN_NODES_ID") != marker:
+                continue
+            if node is not None and env.get("DTRAIN_SIM_NODE") != str(node):
+                continue
+            if p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _kill_marker(marker: str, node: int | None = None, rounds: int = 10) -> int:
+    """SIGKILL every process of simulated node ``node`` (all nodes if None) until none is left."""
+    killed = 0
+    for _ in range(rounds):
+        procs = _marker_processes(marker, node)
+        if not procs:
+            break
+        for p in procs:
+            try:
+                p.kill()
+                killed += 1
+            except psutil.Error:
+                pass
+        # wait without reaping: psutil.wait_procs would waitpid() the torchrun agents, which are
+        # children of this process, and their launch() (Popen.poll in another thread) would then
+        # find no exit status and report returncode 0 for a killed node
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and any(_alive(p) for p in procs):
+            time.sleep(0.05)
+    return killed
+
+
+def _alive(p) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _node_ranks(job_dir: str) -> list[int]:
+    """The global ranks whose workers started in this launch (``started.<RANK>.<attempt>`` markers
+    written by the injected sitecustomize, named with the RANK torchrun gave the worker)."""
+    ranks = set()
+    for p in Path(job_dir).glob("started.*"):
+        parts = p.name.split(".")
+        if len(parts) >= 3 and parts[1].isdigit():
+            ranks.add(int(parts[1]))
+    return sorted(ranks)
+
+
+def _remap(result, nproc: int, requested_rank: int) -> tuple[int | None, list[int], list]:
+    """Rank results of one node launch renumbered with the ranks its workers really had."""
+    true_ranks = _node_ranks(result.log_dir)
+    guessed_base = requested_rank * nproc
+    true_base = (min(true_ranks) // nproc) * nproc if true_ranks else guessed_base
+    group_rank = true_base // nproc if true_ranks else None
+    out = []
+    first = min((rr.rank for rr in result.ranks), default=guessed_base)
+    for rr in result.ranks:
+        rank = true_base + (rr.rank - first)      # launch() already renumbers; older results did not
+        new = dataclasses.replace(rr, rank=rank, metrics={}, reports=[])
+        load_reports(new, result.log_dir)
+        err = sorted(Path(result.log_dir).glob(f"error.{rank}.*.json"))
+        if err:
+            try:
+                info = json.loads(err[0].read_text())
+                new.exception = f"{info.get('type')}: {info.get('message')}"
+                new.traceback = info.get("traceback")
+            except (OSError, ValueError):
+                pass
+        out.append(new)
+    return group_rank, true_ranks, out
+
+
+def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence[Any] = (),
+                    timeout: float = 60.0, startup_timeout: float = 90.0,
+                    env: Mapping[str, Any] | None = None, backend: str | None = None,
+                    quiet: bool = True, rdzv_id: str | None = None, port: int | None = None,
+                    node_env: Sequence[Mapping[str, Any]] | None = None,
+                    start_order: Sequence[int] | None = None, stagger: float = 0.0) -> NodesResult:
+    """Run ``target`` as a job of ``nnodes`` simulated nodes of ``nproc`` processes each.
+
+    Every node is one :func:`dtrain_lab.launch` call (one torchrun agent) in its own thread, with
+    ``nnodes``, its ``node_rank``, the same ``rdzv_endpoint=127.0.0.1:<free port>`` and ``rdzv_id``.
+    ``timeout``/``startup_timeout`` are those of each launch; ``node_env`` adds variables to one
+    node (e.g. to make only node 1 fail). When a node ends in failure, the other nodes' processes
+    are killed at once. Each node's processes carry ``DTRAIN_SIM_NODE=<i>`` in their environment.
+    ``start_order`` (e.g. ``[1, 0]``) and ``stagger`` (seconds between starts) choose which agent
+    starts first: with c10d the earlier agent (lower pid) becomes group rank 0, whatever its
+    ``node_rank``.
+    """
+    if not isinstance(nnodes, int) or isinstance(nnodes, bool) or nnodes < 1:
+        raise LabError("cl_bad_int", field="nnodes", value=nnodes, lo=1)
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise LabError("cl_bad_int", field="nproc", value=nproc, lo=1)
+    port = port or free_port()
+    endpoint = f"127.0.0.1:{port}"
+    rdzv_id = rdzv_id or f"sim-{uuid.uuid4().hex[:8]}"
+    marker = uuid.uuid4().hex
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        node_vars = dict(env or {})
+        if node_env is not None and i < len(node_env):
+            node_vars.update(node_env[i])
+        node_vars.update({"DTRAIN_NODES_ID": marker, "DTRAIN_SIM_NODE": str(i)})
+        try:
+            r = launch(target, nproc=nproc, args=args, timeout=timeout, startup_timeout=startup_timeout,
+                       env=node_vars, backend=backend, quiet=quiet, nnodes=nnodes, node_rank=i,
+                       rdzv_endpoint=endpoint, rdzv_id=rdzv_id,
+                       # every "node" names itself 127.0.0.1: the rendezvous sorts the agents by
+                       # (address, pid), and the workers' MASTER_ADDR is the address of group rank 0
+                       torchrun_args=["--local-addr", "127.0.0.1"])
+            with lock:
+                results[i] = r
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            with lock:
+                errors[i] = exc
+        finally:
+            done.set()
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,), daemon=True, name=f"sim-node-{i}") for i in range(nnodes)]
+    order = list(range(nnodes)) if start_order is None else [int(i) for i in start_order]
+    if sorted(order) != list(range(nnodes)):
+        raise LabError("cl_bad_int", field="start_order", value=start_order, lo=0)
+    for k, i in enumerate(order):
+        if k and stagger > 0:
+            time.sleep(stagger)
+        threads[i].start()
+    stopped: list[int] = []
+    # a node's launch gives up by itself after startup_timeout + timeout; this is the outer guard
+    deadline = t0 + startup_timeout + timeout + 30.0
+    try:
+        while any(t.is_alive() for t in threads):
+            done.wait(0.2)
+            done.clear()
+            with lock:
+                failed = bool(errors) or any(not r.ok for r in results.values())
+            if failed or time.monotonic() > deadline:
+                for i, t in enumerate(threads):
+                    if t.is_alive() and i not in stopped:
+                        stopped.append(i)
+                        _kill_marker(marker, i)
+    except KeyboardInterrupt:
+        _kill_marker(marker)
+        raise
+    finally:
+        for t in threads:
+            t.join(timeout=30)
+        _kill_marker(marker)  # nothing of any node survives, whatever happened
+    if errors:
+        raise next(iter(errors.values()))
+
+    nodes, all_ranks = [], []
+    for i in range(nnodes):
+        group_rank, true_ranks, ranks = _remap(results[i], nproc, i)
+        nodes.append(NodeInfo(requested_rank=i, group_rank=group_rank, ranks=true_ranks, result=results[i],
+                              stopped=i in stopped))
+        all_ranks.extend(ranks)
+    all_ranks.sort(key=lambda r: r.rank)
+    complete = sorted(r.rank for r in all_ranks) == list(range(nnodes * nproc))
+    ok = not stopped and complete and all(n.result.ok for n in nodes)
+    return NodesResult(target=str(target), nnodes=nnodes, nproc=nproc, endpoint=endpoint, rdzv_id=rdzv_id,
+                       ok=ok, elapsed=time.monotonic() - t0, nodes=nodes, ranks=all_ranks,
+                       stopped_by_peer=sorted(stopped))
