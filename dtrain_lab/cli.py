@@ -28,12 +28,11 @@ def _info() -> int:
     from dtrain_lab.jobs.launch import default_nproc
     from dtrain_lab.jobs.runtime import choose_backend, gpu_count
 
-    print(f"dtrain-lab {__import__('dtrain_lab').__version__}, Python {platform.python_version()}, "
-          f"torch {torch.__version__}")
-    gpus = gpu_count()
-    print(f"GPUs: {gpus}; default nproc: {default_nproc()}; backend: {choose_backend(default_nproc())}")
     import torch.distributed as dist
 
+    print(f"dtrain-lab {__import__('dtrain_lab').__version__}, Python {platform.python_version()}, "
+          f"torch {torch.__version__}")
+    print(i18n.tr("cli_info_machine", gpus=gpu_count(), nproc=default_nproc(), backend=choose_backend(default_nproc())))
     print(f"gloo: {dist.is_gloo_available()}, nccl: {dist.is_nccl_available()}")
     return 0
 
@@ -76,11 +75,11 @@ def _grading(cmd: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="dtrain-lab", description="dtrain-lab course tools / 课程工具")
-    ap.add_argument("--lang", choices=i18n.LANGS, help="message language / 提示语言")
+    ap = argparse.ArgumentParser(prog="dtrain-lab", description=i18n.tr("cli_desc"))
+    ap.add_argument("--lang", choices=i18n.LANGS, help=i18n.tr("cli_lang_help"))
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="versions, GPUs, backend")
-    run = sub.add_parser("run", help="launch a module or script with torchrun")
+    sub.add_parser("info", help=i18n.tr("cli_info_help"))
+    run = sub.add_parser("run", help=i18n.tr("cli_run_help"))
     run.add_argument("target")
     run.add_argument("-n", "--nproc", type=int, default=None)
     run.add_argument("--timeout", type=float, default=120.0)
@@ -90,18 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--nnodes", type=int, default=1)
     run.add_argument("--node-rank", type=int, default=0)
     run.add_argument("--rdzv-endpoint")
-    run.add_argument("--rdzv-id", help="job id shared by all nodes (default: dtrain)")
+    run.add_argument("--rdzv-id", help=i18n.tr("cli_rdzv_id_help"))
     run.add_argument("--max-restarts", type=int, default=0)
     # the program's own arguments come after "--" (split off before parsing, so that options may
     # follow the target: ``dtrain-lab run train.py -n 2 -- --lr 0.1``)
     sub.add_parser("grade", help="grade exercises / 评分 (dtrain-lab grade --help; a folder: a class, -j N)")
     sub.add_parser("autograder", help="Gradescope autograder zip per lab (dtrain-lab autograder build --help)")
-    sub.add_parser("nccl", help="nccl lint | nccl doctor: check NCCL/PyTorch env vars and this machine")
-    bench = sub.add_parser("bench", help="benchmarks")
+    sub.add_parser("nccl", help=i18n.tr("cli_nccl_help"))
+    bench = sub.add_parser("bench", help=i18n.tr("cli_bench_help"))
     bench.add_argument("--quick", action="store_true")
-    bench.add_argument("--only", default="", help="rows: launch, collectives, ddp, compression, zero, pipeline, restarts")
-    sub.add_parser("doctor", help="inspect this machine for distributed training (= nccl doctor)")
-    sub.add_parser("cluster", help="write a SLURM/Kubernetes multi-node job file (dtrain-lab cluster --help)")
+    bench.add_argument("--only", default="", help=i18n.tr("cli_bench_only_help"))
+    sub.add_parser("doctor", help=i18n.tr("cli_doctor_help"))
+    sub.add_parser("cluster", help=i18n.tr("cli_cluster_help"))
     argv = list(sys.argv[1:] if argv is None else argv)
     for i in (0, 2):   # ``dtrain-lab [--lang L] doctor ...`` is ``nccl doctor``
         if argv[i:i + 1] == ["doctor"] and (i == 0 or argv[0] == "--lang"):
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv[0] == "--lang":
             rest += ["--lang", argv[1]]
         if not rest or rest[0] not in ("lint", "doctor"):
-            print("usage: dtrain-lab nccl lint [--file F] [--json] [--strict] | doctor [--json]", file=sys.stderr)
+            print(i18n.tr("cli_nccl_usage"), file=sys.stderr)
             return 2
         try:
             return (nccl.main_lint if rest[0] == "lint" else nccl.main_doctor)(rest[1:])

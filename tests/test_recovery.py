@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 import dtrain_lab
-from dtrain_lab.resilience import recovery
+from dtrain_lab.resilience import checkpoint, faults, recovery
 from dtrain_lab.data import regression_dataset
 from dtrain_lab.i18n import LabError, catalogue
 
@@ -46,7 +46,7 @@ def test_latest_skips_damaged_newest(tmp_path, damage):
     good = recovery.save(_state(2), tmp_path, 2)
     bad = recovery.save(_state(3), tmp_path, 3)
     data = bad.read_bytes()
-    payload_len = len(data) - recovery._FOOTER.size
+    payload_len = len(data) - recovery.FOOTER.size
     new = {"empty": b"", "half": data[: len(data) // 2], "no_last_byte": data[:-1],
            "payload_only": data[:payload_len],
            "flip_byte": data[:100] + bytes([data[100] ^ 0xFF]) + data[101:],
@@ -83,7 +83,7 @@ def test_crash_between_temp_file_and_rename_keeps_old(tmp_path, monkeypatch):
         assert where == "ckpt_rename" and step == 10
         raise Killed
 
-    monkeypatch.setattr(recovery, "fault_point", die)
+    monkeypatch.setattr(checkpoint, "fault_point", die)   # the name save() calls
     with pytest.raises(Killed):
         recovery.save(_state(2), tmp_path, 10)
     names = sorted(p.name for p in tmp_path.iterdir())
@@ -214,7 +214,7 @@ def test_maybe_fail_env_and_once(tmp_path, monkeypatch):
         exits.append(code)
         raise _Exit
 
-    monkeypatch.setattr(recovery.os, "_exit", fake_exit)
+    monkeypatch.setattr(faults.os, "_exit", fake_exit)
     once = tmp_path / "once"
     monkeypatch.setenv("DTRAIN_FAIL_AT_STEP", "3")
     monkeypatch.setenv("DTRAIN_FAIL_RANK", "1")
@@ -253,7 +253,7 @@ def test_maybe_fail_env_and_once(tmp_path, monkeypatch):
 
 def test_ckpt_mode_fires_only_inside_save(tmp_path, monkeypatch):
     kills = []
-    monkeypatch.setattr(recovery.os, "kill", lambda pid, sig: (kills.append(sig), (_ for _ in ()).throw(_Exit())))
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: (kills.append(sig), (_ for _ in ()).throw(_Exit())))
     monkeypatch.setenv("DTRAIN_FAIL_AT_STEP", "10")
     monkeypatch.setenv("DTRAIN_FAIL_MODE", "ckpt")
     monkeypatch.setenv("RANK", "0")
