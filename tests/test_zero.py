@@ -1,10 +1,13 @@
 """dtrain_lab.parallel.zero: ZeRO stages 1, 2 (ShardedOptimizer) and 3 (ZeroStage3).
 
 One launch per world size (2, 3) of ``dtrain_lab.demos.zero_run`` runs every multi-process check;
-the references are independent: single-process unsharded training on the concatenated batch, PyTorch's
-``ZeroRedundancyOptimizer``, ``torch.nn.utils.clip_grad_norm_``, and the buffer sizes actually handed
-to ``torch.distributed`` (traced). Net127 has 127 parameters (prime), so every shard boundary falls
-inside a tensor and the last shard is padded, at both world sizes.
+the references are independent: single-process unsharded training on the concatenated batch with
+``torch.optim``, PyTorch's ``ZeroRedundancyOptimizer``, ``torch.nn.utils.clip_grad_norm_``, and the
+buffers that went through ``torch.distributed`` (seen by a ``CommDebugMode``). Net127 has 127
+parameters (prime), so every shard boundary falls inside a tensor and the last shard is padded, at
+both world sizes. ``zero_cases.Mixed`` adds a frozen layer, a branch and a gate used only in some
+steps, and (stages 1/2) an embedding tied to the output layer, under an LR schedule; and a resume
+from ``state_dict()`` that must equal the uninterrupted run bit for bit.
 
 Tolerance: 1e-6 in fp32 (the gradients are summed in another order than in the single process). One
 exception, in TinyTransformer: ``k_proj.bias``. Adding a constant to every key leaves the softmax
@@ -38,6 +41,11 @@ def results():
             for n in WORLD_SIZES}
 
 
+def _real(rank: int, numel: int, shard: int) -> int:
+    """Elements of a ``numel``-element flat buffer in ``rank``'s slice of ``shard``, padding excluded."""
+    return len(range(rank * shard, min(numel, (rank + 1) * shard)))
+
+
 def metrics(results, n):
     r = results[n]
     assert r.ok, r.summary() + "\n" + "\n".join(x.output[-3000:] for x in r.ranks)
@@ -63,17 +71,20 @@ def test_stage1_stage2_equal_single_process(results, n):
         for key, c in m["stage12"].items():
             name, stage = key.split("/")
             assert c["max_diff"] < TOL, (key, c["max_diff"])
-            # optimizer state on this rank: exactly one shard per state tensor
+            # optimizer state on this rank: one value per real element of its slice (none for padding)
             per_elem = {"Adam": 2, "AdamW": 2, "SGD": 1}[name]
-            assert c["state_numel"] == per_elem * shard, key
+            real = _real(m["rank"], NUMEL, shard)
+            assert c["state_numel"] == per_elem * real, key
             sb = c["state_bytes"]
             assert sb["params"] == 4 * n * shard                        # full (padded) flat buffer
             assert sb["grads"] == (4 * n * shard if stage.startswith("1") else 4 * shard)
-            # the same numbers as the paper's formulas (perfmodel) with Ψ = the padded count N·S
+            assert sb["optimizer"] == 4 * per_elem * real               # fp32: no extra master copy
+            # the paper's formulas (perfmodel) with Ψ = the padded count N·S; a slice with padding
+            # holds less optimizer state than Ψ/N
             predicted = zero_memory(n * shard, int(stage[0]), n, precision="fp32", k=4 * per_elem)
-            assert {k: sb[k] for k in ("params", "grads", "optimizer")} == pytest.approx(
-                {k: predicted[k] for k in ("params", "grads", "optimizer")})
-            assert sb["optimizer"] == 4 * per_elem * shard              # fp32: no extra master copy
+            assert {k: sb[k] for k in ("params", "grads")} == pytest.approx(
+                {k: predicted[k] for k in ("params", "grads")})
+            assert sb["optimizer"] == pytest.approx(predicted["optimizer"] * real / shard)
             if stage == "2b":     # buckets of >= 40: (scale, l2.bias, l2.weight) = 50, (l1.*) = 77
                 assert c["peak_grad_numel"] == 77
             else:                 # every full gradient alive at once before the reduction
@@ -87,26 +98,32 @@ def test_stage1_stage2_equal_single_process(results, n):
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_comm_bytes_are_what_was_sent(results, n):
     shard = math.ceil(NUMEL / n)
-    per_call = (n - 1) * shard * 4          # ring: (N-1)/N of the N·S·4-byte flat buffer
+    full, per_call = 4 * n * shard, (n - 1) * shard * 4     # ring: (N-1)/N of the N·S·4-byte flat buffer
     for rank, m in metrics(results, n).items():
         mine = len(range(rank * shard, min(NUMEL, (rank + 1) * shard)))   # real elements this rank owns
         for key, c in m["stage12"].items():
-            assert c["comm_bytes"] == c["traced"], key
             stage = key.split("/")[1]
+            seen = c["traced"]              # what CommDebugMode saw this rank pass to torch.distributed
+            assert sum(seen["calls"].values()) == sum(c["calls"].values()), key
+            assert seen["bytes"].get("all_gather") == STEPS * 4 * shard          # its shard, every step
             if stage == "1":                # all-reduce 2(N-1)/N Ψ + all-gather (N-1)/N Ψ
+                assert seen["bytes"]["all_reduce"] == STEPS * full
                 assert c["comm_bytes"] == {"all_reduce": 2 * STEPS * per_call, "reduce_scatter": 0,
                                            "all_gather": STEPS * per_call, "reduce": 0}
             elif stage in ("1rs", "2"):     # reduce-scatter + all-gather: 2 (N-1)/N Ψ, like plain DP
+                assert seen["bytes"]["reduce_scatter"] == STEPS * full
                 assert c["comm_bytes"] == {"all_reduce": 0, "reduce_scatter": STEPS * per_call,
                                            "all_gather": STEPS * per_call, "reduce": 0}
                 paper = zero_comm_volume(n * shard, int(stage[0]), n, bytes_per_elem=4)
                 assert STEPS * paper["total"] == pytest.approx(sum(c["comm_bytes"].values()))
             else:                           # per-owner reduces: every gradient element but my own, once
+                assert seen["bytes"]["reduce"] == STEPS * NUMEL * 4              # every piece passes by
                 assert c["comm_bytes"] == {"all_reduce": 0, "reduce_scatter": 0,
                                            "all_gather": STEPS * per_call, "reduce": STEPS * (NUMEL - mine) * 4}
         s3 = m["stage3"]["net"]
-        assert s3["comm_bytes"] == s3["traced"]
         padded = sum(n * s for _, _, s in s3["units"])
+        assert s3["traced"]["bytes"] == {"all_gather": 2 * STEPS * 4 * padded // n,
+                                         "reduce_scatter": STEPS * 4 * padded}
         # all-gather in forward and again in backward, one reduce-scatter: 3 (N-1)/N Ψ per step
         assert s3["comm_bytes"] == {"all_reduce": 0, "reduce_scatter": STEPS * (n - 1) * padded * 4 // n,
                                     "all_gather": 2 * STEPS * (n - 1) * padded * 4 // n, "reduce": 0}
@@ -121,9 +138,11 @@ def test_stage1_equals_zero_redundancy_optimizer(results, n):
     for m in ms.values():
         c = m["zero_redundancy"]
         assert c["max_diff"] < TOL
-        assert c["our_state_numel"] == 2 * math.ceil(NUMEL / n)
-    # PyTorch partitions whole parameters, so its shards are uneven; they still add up to the model
+        shard = math.ceil(NUMEL / n)
+        assert c["our_state_numel"] == 2 * _real(m["rank"], NUMEL, shard)
+    # PyTorch partitions whole parameters, so its shards are uneven; both add up to the model, no padding
     assert sum(m["zero_redundancy"]["their_state_numel"] for m in ms.values()) == 2 * NUMEL
+    assert sum(m["zero_redundancy"]["our_state_numel"] for m in ms.values()) == 2 * NUMEL
 
 
 @pytest.mark.timeout(300)
@@ -152,11 +171,52 @@ def test_bf16_keeps_fp32_master_shard(results, n):
         b = m["bf16"]
         assert b["param_dtype"] == "torch.bfloat16" and b["master_dtype"] == "torch.float32"
         assert b["master_numel"] == shard and b["shard_is_cast_master"]
-        # mixed precision, stage 2: params 2Ψ, grads 2Ψ/N, optimizer (fp32 master + m + v) 12Ψ/N
-        assert b["state_bytes"] == {"params": 2 * n * shard, "grads": 2 * shard, "optimizer": 12 * shard}
+        # mixed precision, stage 2: params 2Ψ, grads 2Ψ/N, optimizer (fp32 master + m + v) 12Ψ/N;
+        # the master slice includes the padding, m and v only the real elements
+        real = _real(m["rank"], NUMEL, shard)
+        assert b["state_bytes"] == {"params": 2 * n * shard, "grads": 2 * shard, "optimizer": 4 * shard + 8 * real}
         predicted = zero_memory(n * shard, 2, n, precision="mixed")
-        assert b["state_bytes"] == pytest.approx({k: predicted[k] for k in b["state_bytes"]})
+        assert {k: b["state_bytes"][k] for k in ("params", "grads")} == pytest.approx(
+            {k: predicted[k] for k in ("params", "grads")})
+        assert b["state_bytes"]["optimizer"] <= predicted["optimizer"]
     assert len({m["bf16"]["checksum"] for m in ms.values()}) == 1
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_parameters_without_gradient_are_left_alone_as_torch_optim_does(results, n):
+    """Frozen layer, branch used on steps 0 and 2, gate on steps 0, 2 and 3 (of 4), tied embedding,
+    StepLR: every stage and ZeroRedundancyOptimizer end where torch.optim ends."""
+    ms = metrics(results, n)
+    keys = {f"{o}/{s}/tied" for o in ("Adam", "AdamW") for s in ("1", "1rs", "2", "2b", "3", "zero_redundancy")}
+    keys |= {f"{o}/3/untied" for o in ("Adam", "AdamW")}
+    for m in ms.values():
+        assert set(m["skips"]) == keys
+        for key, c in m["skips"].items():
+            assert c["max_diff"] < TOL, (key, c["max_diff"])
+            assert c["frozen_unchanged"], key                    # bit for bit: no weight decay
+            if "lr" in c:
+                assert c["lr"] == pytest.approx(0.05 * 0.5 ** 2)   # StepLR(2, 0.5) after 4 steps, honoured
+    # Adam's step count per parameter, over the pieces every rank holds: a step without a gradient
+    # does not count (torch.optim skips the parameter); the frozen layer has no optimizer state at all
+    for key in ms[0]["skips"]:
+        if "zero_redundancy" in key:
+            continue
+        counts: dict[str, set] = {}
+        for m in ms.values():
+            for name, steps in m["skips"][key]["steps"].items():
+                counts.setdefault(name, set()).update(steps)
+        assert counts.pop("branch.weight") == {2} and counts.pop("branch.bias") == {2}, key
+        assert counts.pop("gate") == {3}, key
+        assert not any(k.startswith("frozen") for k in counts), key
+        assert all(v == {4} for v in counts.values()), (key, counts)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_resume_from_state_dict_equals_uninterrupted(results, n):
+    for m in metrics(results, n).values():
+        assert m["resume"] == {"1": 0.0, "2": 0.0, "2b": 0.0, "3": 0.0, "2-bf16": 0.0}
 
 
 @pytest.mark.timeout(300)
@@ -168,9 +228,10 @@ def test_stage3_equals_single_process_and_shards_everything(results, n):
         assert net["norms"] == pytest.approx(net["ref_norms"], rel=1e-6)
         assert [u[:2] for u in net["units"]] == [["l1", 77], ["l2", 48], ["<root>", 2]]
         shards = sum(s for _, _, s in net["units"])
+        real = sum(_real(m["rank"], k, s) for _, k, s in net["units"])
         assert all(s == math.ceil(k / n) for _, k, s in net["units"])
-        assert net["state_numel"] == 2 * shards
-        assert net["state_bytes"] == {"params": 4 * shards, "grads": 4 * shards, "optimizer": 8 * shards}
+        assert net["state_numel"] == 2 * real
+        assert net["state_bytes"] == {"params": 4 * shards, "grads": 4 * shards, "optimizer": 8 * real}
         assert net["params_storage_between_steps"] == 0            # no full parameter kept
         # the root's own parameters stay gathered during the whole forward, plus one child unit
         assert net["peak_gathered_numel"] == n * math.ceil(2 / n) + n * math.ceil(77 / n)
@@ -247,10 +308,27 @@ def test_bad_input_gives_clear_errors():
         ShardedOptimizer(model.parameters(), torch.optim.Adam, stage=3)
     assert "ZeroStage3" in str(e.value)
     with pytest.raises(LabError):
-        ShardedOptimizer([{"params": list(model.parameters())}], torch.optim.Adam)
+        ShardedOptimizer([], torch.optim.Adam)
+    with pytest.raises(LabError):
+        ShardedOptimizer([{"lr": 0.1}], torch.optim.Adam)
     w = nn.Parameter(torch.ones(3))
     with pytest.raises(LabError):
         ShardedOptimizer([w, w], torch.optim.Adam)
+    with pytest.raises(LabError):
+        ShardedOptimizer([{"params": [w]}, {"params": [w]}], torch.optim.Adam)
+    with pytest.raises(LabError):
+        ShardedOptimizer([w, nn.Parameter(torch.ones(2, dtype=torch.float64))], torch.optim.Adam)
+    opt = ShardedOptimizer([w], torch.optim.Adam)
+    with pytest.raises(LabError) as e:
+        opt.add_param_group({"params": [nn.Parameter(torch.ones(2))]})
+    assert "ShardedOptimizer" in str(e.value)
+    from dtrain_lab.models import TiedMLP
+    tied = TiedMLP(seed=0)
+    with pytest.raises(LabError) as e:      # a tied weight in two units: leave it to the root
+        ZeroStage3(tied, torch.optim.Adam, units=[tied.embed, tied.head])
+    assert "units" in str(e.value)
+    with pytest.raises(LabError) as e:
+        ShardedOptimizer([w], torch.optim.Adam).load_state_dict({"zero": {"rank": 1, "world_size": 2}})
     with pytest.raises(LabError):
         ZeroStage3(model, torch.optim.Adam, units=[model])
     with pytest.raises(LabError):
@@ -267,10 +345,50 @@ def test_state_dict_round_trip():
     _loss(a, toks).backward()
     oa.step()
     ob = ShardedOptimizer(b.parameters(), torch.optim.Adam, stage=2, lr=LR)
+    b.load_state_dict(a.state_dict())       # fp32: the master slice is the parameters themselves
     ob.load_state_dict(copy.deepcopy(oa.state_dict()))
+    assert ob.state_dict()["state"].keys() == oa.state_dict()["state"].keys()
     for o, m in ((oa, a), (ob, b)):
         o.zero_grad()
         _loss(m, toks).backward()
         o.step()
     for (k, v), w in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(v, w), k
+
+
+def _branchy():
+    from dtrain_lab.demos.zero_cases import Mixed
+    return Mixed(tied=True)
+
+
+def test_world_of_one_param_groups_scheduler_and_skips_equal_torch_optim():
+    """Two parameter groups (no weight decay on biases), a LambdaLR schedule, a frozen layer and
+    parameters unused in some steps: ShardedOptimizer at world size 1 is torch.optim.AdamW exactly."""
+    from dtrain_lab.demos.zero_cases import loss_fn
+    from dtrain_lab.parallel.zero import ShardedOptimizer
+
+    def groups(m):
+        decay = [p for n, p in m.named_parameters() if not n.endswith("bias")]
+        return [{"params": decay}, {"params": [p for n, p in m.named_parameters() if n.endswith("bias")],
+                                    "weight_decay": 0.0}]
+
+    ref, model = _branchy(), _branchy()
+    opt_ref = torch.optim.AdamW(groups(ref), lr=0.05, weight_decay=0.1)
+    opt = ShardedOptimizer(groups(model), torch.optim.AdamW, stage=2, lr=0.05, weight_decay=0.1)
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0] and opt.param_groups[0]["betas"] == (0.9, 0.999)
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)) for o in (opt_ref, opt)]
+    g = torch.Generator().manual_seed(0)
+    for step in range(5):
+        x, y = torch.randint(0, 7, (3, 4), generator=g), torch.randint(0, 7, (3, 4), generator=g)
+        for o, m, sch in ((opt_ref, ref, scheds[0]), (opt, model, scheds[1])):
+            def closure(m=m, step=step, x=x, y=y):   # step(closure) as torch.optim takes it
+                loss = loss_fn(m, step, x, y)
+                loss.backward()
+                return loss
+            o.zero_grad()
+            assert o.step(closure) is not None
+            sch.step()
+    assert opt.param_groups[0]["lr"] == opt_ref.param_groups[0]["lr"]
+    for (k, v), w in zip(ref.state_dict().items(), model.state_dict().values()):
         assert torch.equal(v, w), k

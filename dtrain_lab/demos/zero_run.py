@@ -7,9 +7,11 @@ shard, bytes held and bytes sent (lesson on ZeRO, tests/test_zero.py).
 Each rank reports a dict per check; ``max_diff`` is the largest absolute difference between the
 parameters after ``steps`` optimizer steps and those of the single-process reference, which trains
 an unsharded copy on the concatenation of every rank's batch with a mean loss (the same gradient as
-the average of the per-rank mean losses). ``trace`` records the buffer sizes handed to
-``torch.distributed`` so that the ``comm_bytes`` a class claims can be checked against what it
-really called.
+the average of the per-rank mean losses). ``traced`` is what a ``CommDebugMode``
+(:class:`dtrain_lab.comm.counted.CommTrace`) saw go through ``torch.distributed``, so that the
+``comm_bytes`` a class claims can be checked against what it really called. The cases that
+``torch.optim``'s rules decide (frozen and unused parameters, LR schedules, resume) are in
+:mod:`dtrain_lab.demos.zero_cases`.
 """
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtrain_lab.comm.counted import CommTrace
+from dtrain_lab.demos import zero_cases
 from dtrain_lab.jobs import runtime
 from dtrain_lab.models import TinyTransformer
-from dtrain_lab.parallel.zero import ShardedOptimizer, ZeroStage3, clip_grad_norm_per_shard_WRONG, ring_bytes
+from dtrain_lab.parallel.zero import ShardedOptimizer, ZeroStage3, clip_grad_norm_per_shard_WRONG
 
 PER_RANK_BATCH = 4
 LR = 1e-2
@@ -48,50 +52,17 @@ class Net127(nn.Module):
         return self.l2(torch.tanh(self.l1(x))) * self.scale.repeat(2)
 
 
-class Tracer:
-    """Wrap the collectives and record ``(op, buffer bytes)`` of every call (for ``reduce``: the
-    bytes this rank sends in a chain reduce, the buffer unless this rank is the destination)."""
-
-    def __init__(self):
-        self.calls: list[tuple[str, int]] = []
-        self._orig = {}
-
-    def __enter__(self):
-        def wrap(name, op, which):
-            orig = getattr(dist, name)
-            self._orig[name] = orig
-
-            def f(*args, **kwargs):
-                t = args[which]
-                self.calls.append((op, t.numel() * t.element_size()))
-                return orig(*args, **kwargs)
-            setattr(dist, name, f)
-        wrap("all_reduce", "all_reduce", 0)
-        wrap("reduce_scatter_tensor", "reduce_scatter", 1)       # input: the full buffer
-        wrap("all_gather_into_tensor", "all_gather", 0)          # output: the full buffer
-        orig_reduce = dist.reduce
-        self._orig["reduce"] = orig_reduce
-
-        def reduce(tensor, dst=None, *args, **kwargs):
-            sent = 0 if dst == dist.get_rank() else tensor.numel() * tensor.element_size()
-            self.calls.append(("reduce", sent))
-            return orig_reduce(tensor, dst, *args, **kwargs)
-        dist.reduce = reduce
-        return self
-
-    def __exit__(self, *exc):
-        for name, orig in self._orig.items():
-            setattr(dist, name, orig)
-
-    def ring(self, world_size: int, min_bytes: int = 5) -> dict[str, int]:
-        """Ring bytes of the traced calls (the 4-byte all-reduce of a clipping norm left out)."""
-        out = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0, "reduce": 0}
-        for op, n in self.calls:
-            if op == "reduce":
-                out[op] += n
-            elif n >= min_bytes:
-                out[op] += ring_bytes(op, n, world_size)
-        return out
+def traced(trace) -> dict[str, dict[str, int]]:
+    """What went through torch.distributed while ``trace`` (a CommDebugMode) was on: per collective,
+    the number of calls and the bytes this rank passed in (all-gather: its shard; reduce-scatter: the
+    whole input; reduce: the buffer, on the destination too). The 4-byte all-reduce of a clipping norm
+    is left out: ``comm_bytes`` counts the model states only."""
+    calls = [c for c in trace.calls if not (c.op == "all_reduce" and c.nbytes == 4)]
+    out = {"calls": {}, "bytes": {}}
+    for c in calls:
+        out["calls"][c.op] = out["calls"].get(c.op, 0) + 1
+        out["bytes"][c.op] = out["bytes"].get(c.op, 0) + c.nbytes
+    return out
 
 
 def net_batch(n: int, seed: int = 1):
@@ -166,7 +137,7 @@ def main() -> None:
         # 1rs: the paper's stage 1 (reduce-scatter); 2b: stage 2 reduced bucket by bucket in backward
         for stage in ("1", "1rs", "2", "2b"):
             model = copy.deepcopy(base)
-            with Tracer() as tr:
+            with CommTrace() as tr:
                 opt = ShardedOptimizer(model.parameters(), cls, stage=int(stage[0]), **kw,
                                        grad_reduce="reduce_scatter" if stage == "1rs" else None,
                                        reduce_in_backward=stage == "2b", bucket_numel=40)
@@ -177,7 +148,7 @@ def main() -> None:
             s12[f"{name}/{stage}"] = {
                 "max_diff": max_diff(model, ref), "state_bytes": opt.state_bytes(),
                 "state_numel": opt.optimizer_state_numel(), "comm_bytes": opt.comm_bytes,
-                "traced": tr.ring(n), "calls": opt.comm_calls, "n_traced": len(tr.calls),
+                "traced": traced(tr), "calls": opt.comm_calls,
                 "peak_grad_numel": opt.peak_grad_numel,
                 "checksum": flat_params(model).sum().item()}
     runtime.report(stage12=s12)
@@ -245,7 +216,7 @@ def main() -> None:
     s3 = {}
     ref, ref_norms = reference(base, full, net_loss, steps, torch.optim.Adam, clip=0.5, lr=LR)
     model = copy.deepcopy(base)
-    with Tracer() as tr:
+    with CommTrace() as tr:
         z = ZeroStage3(model, torch.optim.Adam, lr=LR)
         norms = []
         for step in range(steps):
@@ -257,7 +228,7 @@ def main() -> None:
     s3["net"] = {"max_diff": max_diff(z.gather_full_state_dict(), ref), "norms": norms, "ref_norms": ref_norms,
                  "units": [(u.name, u.flat.numel, u.flat.shard_numel) for u in z.units],
                  "state_bytes": z.state_bytes(), "state_numel": z.optimizer_state_numel(),
-                 "comm_bytes": comm, "traced": tr.ring(n), "calls": z.comm_calls,
+                 "comm_bytes": comm, "traced": traced(tr), "calls": z.comm_calls,
                  "peak_gathered_numel": z.peak_gathered_numel, "peak_gathered_units": z.peak_gathered_units,
                  "params_storage_between_steps": sum(u.flat.full.untyped_storage().size() for u in z.units)}
     tiny = TinyTransformer(vocab=11, d=8, n_heads=2, n_layers=2, max_len=8, seed=0).to(dev)
@@ -277,7 +248,10 @@ def main() -> None:
                   "numel": sum(p.numel() for p in tiny.parameters()),
                   "state_bytes": z.state_bytes(), "comm_bytes": comm,
                   "peak_gathered_numel": z.peak_gathered_numel, "peak_gathered_units": z.peak_gathered_units}
-    runtime.report(stage3=s3, last=True)
+    runtime.report(stage3=s3)
+
+    # 6. parameters without a gradient, LR schedules and resume: torch.optim's rules --------------
+    runtime.report(skips=zero_cases.skips(r, n, dev), resume=zero_cases.resume(r, n, dev), last=True)
     runtime.print0(f"stage 3 TinyTransformer: peak gathered {z.peak_gathered_numel} of "
                    f"{s3['tiny']['numel']} parameters; max diff {s3['tiny']['max_diff']:.2e}")
 

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from dtrain_lab.comm import groups
 from dtrain_lab.i18n import LabError
 
 __all__ = ["shard_model", "default_units", "make_mesh", "mixed_precision_policy", "sharded_state_bytes",
@@ -44,7 +45,7 @@ def make_mesh(device_type: str | None = None):
 
     if device_type is None:
         device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    return init_device_mesh(device_type, (dist.get_world_size(),))
+    return init_device_mesh(device_type, (groups.size(),))
 
 
 def mixed_precision_policy(mixed_precision):
@@ -117,17 +118,6 @@ def shard_model(model: nn.Module, *, mesh=None, mixed_precision=None, reshard_af
 
 
 # ------------------------------------------------------------------------------------ counting bytes
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    t = _local(t)
-    return t.numel() * t.element_size()
-
-
 def sharded_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
     """Bytes of model states this rank holds: ``{"params", "grads", "optimizer"}``.
 
@@ -138,14 +128,14 @@ def sharded_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | Non
     Parameters shared by two modules are counted once.
     """
     params = list(model.parameters())  # deduplicated by PyTorch
-    out = {"params": sum(_nbytes(p) for p in params),
-           "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
+    out = {"params": sum(groups.nbytes(p) for p in params),
+           "grads": sum(groups.nbytes(p.grad) for p in params),
            "optimizer": 0}
     if optimizer is not None:
         for state in optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
-                    out["optimizer"] += _nbytes(value)
+                    out["optimizer"] += groups.nbytes(value)
     return out
 
 
@@ -159,15 +149,6 @@ def _options(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(**kw)
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 def checkpoint_complete(path: str | os.PathLike) -> bool:
@@ -192,19 +173,19 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, p
 
     final = Path(path)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
-    if _rank() == 0:
+    if groups.rank() == 0:
         if partial.exists():
             shutil.rmtree(partial)  # an earlier interrupted save
         partial.mkdir(parents=True)
-    _barrier()
+    groups.barrier()
     optimizers = [optimizer] if optimizer is not None else []
     model_sd, optim_sd = get_state_dict(model, optimizers)
     state = {"model": model_sd}
     if optimizer is not None:
         state["optim"] = optim_sd
     dcp.save(state, checkpoint_id=str(partial))
-    _barrier()
-    if _rank() == 0:
+    groups.barrier()
+    if groups.rank() == 0:
         old = final.with_name(final.name + _OLD_SUFFIX)
         if final.exists():
             if old.exists():
@@ -213,7 +194,7 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, p
         os.replace(partial, final)   # the commit: one rename
         if old.exists():
             shutil.rmtree(old)
-    _barrier()
+    groups.barrier()
     return final
 
 

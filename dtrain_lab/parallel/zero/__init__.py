@@ -49,9 +49,3 @@ from dtrain_lab.parallel.zero.sharded import ShardedOptimizer, clip_grad_norm_pe
 from dtrain_lab.parallel.zero.stage3 import ZeroStage3, default_units
 
 __all__ = ["ShardedOptimizer", "ZeroStage3", "clip_grad_norm_per_shard_WRONG", "default_units"]
-
-
-import math
-from typing import Iterable
-
-import torch
