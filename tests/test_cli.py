@@ -22,10 +22,13 @@ def test_info_and_bad_run_target():
 @pytest.mark.timeout(120)
 def test_nccl_lint_and_doctor_through_the_command(tmp_path):
     env_file = tmp_path / "job.env"
-    env_file.write_text("export NCCL_TIMEOUT=1800\nNCCL_DEBUG=INFO\n")
+    env_file.write_text("NCCL_TIMEOUT=1800\nNCCL_DEBUG=INFO\n")
     r = cli("nccl", "lint", "--file", str(env_file), "--json")
     assert r.returncode == 1, r.stderr
     assert "NCCL_TIMEOUT" in r.stdout and json.loads(r.stdout)
+    env_file.write_text("export NCCL_DEBUG=INFO\n")   # docker run --env-file refuses `export`: exit 2
+    r = cli("--lang", "en", "nccl", "lint", "--file", str(env_file))
+    assert r.returncode == 2 and "export" in r.stderr and "Traceback" not in r.stderr
     clean = tmp_path / "clean.env"
     clean.write_text("NCCL_DEBUG=INFO\nNCCL_SOCKET_IFNAME=eth0\n")
     assert cli("nccl", "lint", "--file", str(clean)).returncode == 0

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from dtrain_lab.i18n import tr
 from dtrain_lab.jobs import runtime
 
 # DDP's constructor imports torch._dynamo (2 s on an idle CPU core, far more on a busy one). The
@@ -96,7 +97,7 @@ def unused_parameters(fix: bool = False):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        print(f"step {step}: loss {loss.item():.4f}")
+        print(tr("demo_step_loss", step=step, loss=loss.item()))
         runtime.report(**{f"body_weight_after_step_{step}": model.module.body.weight[0, :3].tolist()})
     runtime.report(steps=3)
 
@@ -125,7 +126,7 @@ def uneven_inputs(fix: bool = False):
             train()
     else:
         train()
-    print(f"rank {rank}: trained on {len(batches)} batches")
+    print(tr("demo_trained_batches", rank=rank, n=len(batches)))
     dist.barrier()            # e.g. "everyone done? then rank 0 saves the checkpoint"
     runtime.report(batches=len(batches), weight=model.module.weight.detach().flatten().tolist())
 

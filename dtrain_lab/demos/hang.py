@@ -9,6 +9,7 @@ launcher's time limit kills the job.
 import torch
 import torch.distributed as dist
 
+from dtrain_lab.i18n import tr
 from dtrain_lab.jobs import runtime
 
 
@@ -22,12 +23,12 @@ def evaluate(model_state: torch.Tensor) -> float:
 def main() -> None:
     rt = runtime.current()
     state = torch.ones(4)
-    print(f"rank {rt.rank}: training step done")
+    print(tr("demo_hang_step_done", rank=rt.rank))
     if rt.rank == 0:          # the bug: evaluation (with its collective) on rank 0 only
-        print(f"rank {rt.rank}: evaluating")
+        print(tr("demo_hang_evaluating", rank=rt.rank))
         evaluate(state)
     dist.barrier()            # the other ranks are already here, waiting for rank 0
-    print("never printed")
+    print(tr("demo_hang_never"))
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def main() -> None:
         return x.to(dev), (x[:, :4] * 2.0).to(dev)
 
     total = a.warmup + a.steps
-    steps = monitor.progress(range(total), desc=f"train", rank=rt.rank) if a.progress else range(total)
+    steps = monitor.progress(range(total), desc="train", rank=rt.rank) if a.progress else range(total)
     t_loop = 0.0
     for step in steps:
         if step == a.warmup:
@@ -95,14 +95,14 @@ def main() -> None:
     monitor.profile_step(traced, path, steps=a.trace_steps, warmup=0, device=dev)
     facts = monitor.trace_facts(path)
     mem = monitor.memory_stats(dev, list(model.parameters()))
-    print(f"rank {rt.rank}: " + monitor.format_split(summary, "en"), flush=True)
+    print(f"rank {rt.rank}: " + monitor.format_split(summary), flush=True)   # the learner's language
     out = dict(rank=rt.rank, slow=slow, summary=summary, loop_s=loop_s, hook_calls=hook_calls,
                steps=a.steps, warmup=a.warmup, batch=a.batch, checksum=checksum, memory=mem,
                trace=path, trace_facts=facts, trace_steps=a.trace_steps)
     if table is not None:
         out.update(slowest=table.slowest, table_en=table.table("en"), table_zh=table.table("zh"),
                    rows=table.rows)
-        print(table.table("en"), flush=True)
+        print(table.table(), flush=True)
     runtime.report(**out)
 
 

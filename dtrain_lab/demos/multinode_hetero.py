@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from dtrain_lab.parallel import hetero
+from dtrain_lab.i18n import tr
 from dtrain_lab.jobs import runtime
 
 
@@ -124,9 +125,9 @@ def main() -> None:
     spread = g.clone()
     dist.all_reduce(spread, op=dist.ReduceOp.MAX)
     out["grad_norm_ref"] = float(g_ref.norm())
-    print(f"rank {rt.rank}: {counts[rt.rank]} samples; max |diff| vs one process: "
-          f"ddp_scaled {out['ddp_scaled']['grad']:.1e}, accum {out['ddp_scaled_accum']['grad']:.1e}, "
-          f"manual {out['manual_weighted']['grad']:.1e}, naive {out['naive']['vs_global_mean']:.1e}")
+    print(tr("demo_hetero_line", rank=rt.rank, samples=counts[rt.rank], scaled=out["ddp_scaled"]["grad"],
+             accum=out["ddp_scaled_accum"]["grad"], manual=out["manual_weighted"]["grad"],
+             naive=out["naive"]["vs_global_mean"]))
     runtime.report(rank=rt.rank, samples=counts[rt.rank], n_global=n_global, scale=scale,
                    naive_spread=_diff(spread, g), **out)
 

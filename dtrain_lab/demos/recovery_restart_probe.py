@@ -24,6 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from dtrain_lab.i18n import tr
 from dtrain_lab.jobs import runtime
 
 GLOO_KEYS = "default_pg/0//cpu//0/{}"
@@ -49,7 +50,7 @@ def main() -> None:
     x = torch.ones(1)
     for step in range(4):
         if attempt == 0 and rank == 1 and step == 2:
-            print(f"rank 1 exits at step {step} (attempt 0)", flush=True)
+            print(tr("demo_probe_exit", step=step), flush=True)
             os._exit(3)
         dist.all_reduce(x)
     runtime.report(total=x.item(), last=True)
