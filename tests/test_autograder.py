@@ -13,7 +13,7 @@ import zipfile
 import pytest
 
 from conftest import ROOT
-from dtrain_lab.grading import autograder, registry
+from dtrain_lab.grading import autograder, gradebook, intake, registry
 from dtrain_lab.i18n import LabError
 from test_classrun import BOM, env_solutions, notebook
 
@@ -36,10 +36,10 @@ def check_gradescope(doc: dict) -> None:
 
 def test_lab_is_named_three_ways_and_help_lists_every_lab():
     for text in ("lab10", "10", "lab_10", "lab-10", "lab_10_deadlocks", "LAB10"):
-        assert autograder.resolve_lab(text) == "lab_10", text
+        assert intake.resolve_lab(text) == "lab_10", text
     for bad in ("lab_10_zero", "99", "lab", ""):
         with pytest.raises(LabError) as e:
-            autograder.resolve_lab(bad)
+            intake.resolve_lab(bad)
         assert "lab_10_deadlocks" in str(e.value) and "实验" in str(e.value)
     r = subprocess.run([sys.executable, "-m", "dtrain_lab.cli", "autograder", "build", "--help"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -165,11 +165,11 @@ def test_bad_submissions_score_zero_with_a_valid_results_json(built, tmp_path, c
 
 def test_outputs_are_cut_to_64_kib_on_a_character_boundary():
     long = "死锁" * 40000 + "end"                           # 240 kB of 3-byte characters
-    cut = autograder.truncate(long)
+    cut = gradebook.truncate(long)
     assert len(cut.encode("utf-8")) <= 64 * 1024 and cut.startswith("死锁") and "bytes cut" in cut
     v = {"exercise": "lab11.roce", "passed": False, "score": 0.0, "max_score": 1, "outcome": "wrong",
          "feedback": long, "elapsed": 1.25}
-    doc = autograder.gradescope_json([v], lang="en")
+    doc = gradebook.gradescope_json([v], lang="en")
     check_gradescope(doc)
     assert doc["tests"][0]["extra_data"]["execution_time"] == 1.25 and doc["execution_time"] == 1
 

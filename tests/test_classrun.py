@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT
 from dtrain_lab import authoring
-from dtrain_lab.grading import classrun, gradebook
+from dtrain_lab.grading import classrun, gradebook, intake
 
 BOM = b"\xef\xbb\xbf"
 CLI = [sys.executable, "-m", "dtrain_lab.cli"]
@@ -224,7 +224,7 @@ def test_worker_verdicts_are_checked_against_the_registry(tmp_path):
 def test_scan_refuses_oversized_files_and_unknown_env_files(tmp_path, monkeypatch):
     folder = tmp_path / "class"
     folder.mkdir()
-    monkeypatch.setattr(classrun, "MAX_FILE_BYTES", 1000)
+    monkeypatch.setattr(intake, "MAX_FILE_BYTES", 1000)
     (folder / "big.ipynb").write_text(notebook(["%%writefile lab11_roce.env\n" + "A=1\n" * 300]))
     (folder / "mystery.env").write_text("NCCL_DEBUG=INFO\n")
     (folder / "empty.ipynb").write_text(notebook(["print(1)"]))

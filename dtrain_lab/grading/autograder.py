@@ -36,85 +36,14 @@ import time
 import zipfile
 from pathlib import Path
 
+from dtrain_lab.grading.gradebook import gradescope_json, write_atomic
+from dtrain_lab.grading.intake import ROOT, lab_exercises, labs, resolve_lab
 from dtrain_lab.i18n import LANGS, LabError, both, get_lang, tr
 
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-OUTPUT_LIMIT = 64 * 1024            # bytes of UTF-8 per test output and for the top-level output
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
 SANDBOX_USER = "dtrain-student"
 FILES = Path(__file__).resolve().parent / "autograder_files"
-ROOT = Path(__file__).resolve().parents[2]     # the checkout, when there is one
-
-
-# --- labs -------------------------------------------------------------------------------------------
-
-def labs() -> dict[str, str]:
-    """``{"lab_10": "lab_10_deadlocks", ...}``: every lab the registry grades, with its notebook's
-    name where this is a checkout (``solutions/_source/lab_NN_*.md``)."""
-    from dtrain_lab.grading import registry
-
-    names = {p.stem[:6]: p.stem for p in sorted((ROOT / "solutions" / "_source").glob("lab_[0-9][0-9]_*.md"))}
-    return {lab: names.get(lab, lab) for lab in sorted({e.lab for e in registry.all_exercises() if e.lab})}
-
-
-def resolve_lab(text: str) -> str:
-    """``lab10``, ``10``, ``lab_10``, ``lab-10`` or ``lab_10_deadlocks`` -> ``lab_10``."""
-    known = labs()
-    m = re.fullmatch(r"(?:lab[_-]?)?0*(\d{1,3})(?:[_-](\w[\w-]*))?", str(text).strip().lower())
-    lab = f"lab_{int(m.group(1)):02d}" if m else None
-    if lab not in known or (m.group(2) and known[lab] != lab and f"{lab}_{m.group(2)}" != known[lab]):
-        raise LabError("ag_unknown_lab", lab=str(text), known=", ".join(f"{k} ({v})" for k, v in known.items()))
-    return lab
-
-
-def lab_exercises(lab: str, only: list[str] | None = None) -> list[str]:
-    from dtrain_lab.grading import registry
-
-    ids = [e.id for e in registry.all_exercises() if e.lab == lab]
-    for ex_id in only or ():
-        if ex_id not in ids:
-            raise LabError("ag_unknown_exercise", id=ex_id, lab=lab, known=", ".join(ids))
-    return [i for i in ids if not only or i in only]
-
-
-# --- results.json -----------------------------------------------------------------------------------
-
-def truncate(text: str, limit: int = OUTPUT_LIMIT) -> str:
-    """At most ``limit`` bytes of UTF-8, cut on a character boundary, saying that it was cut."""
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text
-    note = f"\n… [{len(data) - limit} bytes cut]"
-    return data[:limit - len(note.encode("utf-8"))].decode("utf-8", errors="ignore") + note
-
-
-def gradescope_json(verdicts: list, *, lang: str, output: str = "", visibility: str = "visible",
-                    execution_time: float | None = None, extra: dict | None = None, file: str | None = None) -> dict:
-    """Gradescope's results.json for ONE submission, from its verdicts (``Verdict`` or their dicts)."""
-    from dtrain_lab.grading import registry
-
-    tests = []
-    for v in verdicts:
-        d = v if isinstance(v, dict) else v.to_json()
-        try:
-            title = registry.get(d["exercise"]).title[lang]
-        except (LabError, KeyError):
-            title = ""
-        name = f"{title} ({d['exercise']})" if title else (d["exercise"] or tr("ag_submission_test", lang))
-        tests.append({"name": name, "score": float(d["score"]), "max_score": float(d["max_score"]),
-                      "status": "passed" if d["passed"] else "failed", "output": truncate(d["feedback"]),
-                      "visibility": visibility,
-                      "extra_data": {"exercise": d["exercise"], "outcome": d["outcome"],
-                                     "execution_time": round(float(d.get("elapsed") or 0.0), 3)}})
-    total = sum(t["extra_data"]["execution_time"] for t in tests)
-    result = {"score": sum(t["score"] for t in tests),
-              "execution_time": int(round(execution_time if execution_time is not None else total)),
-              "output": truncate(output or tr("ag_output", lang, score=sum(t["score"] for t in tests),
-                                              max_score=sum(t["max_score"] for t in tests), file=file or "-")),
-              "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
-    if extra:
-        result["extra_data"] = extra
-    return result
 
 
 # --- build ------------------------------------------------------------------------------------------
@@ -207,7 +136,7 @@ def grade_submission(root: Path, config: dict, write) -> tuple[list[dict], str |
     """Grade the one submission under ``root/submission``: (rows, its name). ``write(rows, name)`` is
     called after each exercise, so that a grader stopped half-way still reports what it graded."""
     from dtrain_lab.grading import grade, registry
-    from dtrain_lab.grading.classrun import BOM, MAX_FILE_BYTES, match_file, notebook_exercises
+    from dtrain_lab.grading.intake import MAX_FILE_BYTES, match_file, notebook_exercises, without_bom
 
     lang, ids = config["lang"], config["exercises"]
     static = [i for i in ids if registry.get(i).filename.endswith(".env")]
@@ -231,7 +160,7 @@ def grade_submission(root: Path, config: dict, write) -> tuple[list[dict], str |
         data = f.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
         return [_row("class_too_large", lang, file=rel, size=file.stat().st_size, limit=MAX_FILE_BYTES)] + extra + zero, rel
-    data = data[len(BOM):] if data.startswith(BOM) else data
+    data = without_bom(data)
     work = Path(tempfile.mkdtemp(prefix="dtrain-ag-"))
     try:
         if file.suffix.lower() == ".env":
@@ -243,7 +172,7 @@ def grade_submission(root: Path, config: dict, write) -> tuple[list[dict], str |
         else:
             found, why = notebook_exercises(data)
             if found is None:
-                return [_row("class_bad_notebook", lang, file=rel, why=why[:300])] + extra + zero, rel
+                return [_row("class_bad_notebook", lang, file=rel, why=why)] + extra + zero, rel
             from dtrain_lab.grading import submissions_in_notebook
 
             nb = work / "submission.ipynb"
@@ -271,7 +200,6 @@ def grade_submission(root: Path, config: dict, write) -> tuple[list[dict], str |
 
 def run(root: str | os.PathLike) -> int:
     """``run_autograder``'s work: grade ``root/submission`` into ``root/results/results.json``."""
-    from dtrain_lab.grading.gradebook import write_atomic
 
     root = Path(root)
     t0 = time.monotonic()

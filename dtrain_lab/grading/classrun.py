@@ -43,11 +43,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dtrain_lab.grading.gradebook import error_row, write_atomic, write_results
+from dtrain_lab.grading import intake
+from dtrain_lab.grading.gradebook import error_row, gradescope_json, write_atomic, write_results
+from dtrain_lab.grading.intake import lab_of, match_file, notebook_exercises, without_bom
 from dtrain_lab.i18n import LabError, get_lang, tr
 
-MAX_FILE_BYTES = 20 * 1024 * 1024   # a lab notebook with its outputs is well under this
-BOM = b"\xef\xbb\xbf"
 IGNORED_DIRS = (".ipynb_checkpoints", "__MACOSX")
 FORMAT = "dtrain-lab/class-results/1"
 
@@ -66,52 +66,12 @@ class Item:
     data: bytes | None = field(default=None, repr=False)   # the file's bytes until they are copied
 
 
-def lab_of(lab: str | None) -> str | None:
-    """``10``, ``lab10``, ``lab_10`` or ``lab_10_deadlocks`` -> the registry's ``lab_10``."""
-    if lab is None:
-        return None
-    from dtrain_lab.grading.autograder import resolve_lab
-
-    return resolve_lab(lab)
-
-
 def _student(rel: str) -> str:
     parts = rel.split("/")
     if len(parts) > 1:
         return parts[0]
     name = parts[0]
     return name[:-len(Path(name).suffix)] if Path(name).suffix else name
-
-
-def match_file(name: str, suffix: str) -> list[str]:
-    """Exercise ids whose file ``name`` ends with (``alice_lab11_roce.env`` -> ``lab11.roce``)."""
-    from dtrain_lab.grading import registry
-
-    return [e.id for e in registry.all_exercises()
-            if e.filename.endswith(suffix) and (name == e.filename or name.endswith(e.filename)
-                                                and name[-len(e.filename) - 1] in "_-. ")]
-
-
-def notebook_exercises(data: bytes) -> tuple[list[str] | None, str]:
-    """The exercise ids a notebook's graded cells write, or (None, why it is not a notebook)."""
-    from dtrain_lab.grading import submissions_in_notebook
-
-    try:
-        nb = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        return None, f"not UTF-8 text: byte {exc.start}"
-    except ValueError as exc:
-        return None, f"not JSON: {exc}"
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list) \
-            or not all(isinstance(c, dict) and isinstance(c.get("source", ""), (str, list)) for c in nb["cells"]):
-        return None, "JSON, but not a notebook (no list of cells)"
-    with tempfile.TemporaryDirectory(prefix="dtrain-nb-") as tmp:
-        path = Path(tmp) / "nb.ipynb"
-        path.write_bytes(data)
-        try:
-            return sorted(submissions_in_notebook(path)), ""
-        except Exception as exc:  # noqa: BLE001 - any malformation is a row, never a stopped run
-            return None, f"{type(exc).__name__}: {exc}"
 
 
 def scan(folder: Path, lang: str, lab: str | None = None) -> list[Item]:
@@ -141,22 +101,22 @@ def scan(folder: Path, lang: str, lab: str | None = None) -> list[Item]:
                 continue
             try:
                 size = path.stat().st_size
-                if size > MAX_FILE_BYTES:
-                    item.error = ("class_too_large", {"file": rel, "size": size, "limit": MAX_FILE_BYTES})
+                if size > intake.MAX_FILE_BYTES:
+                    item.error = ("class_too_large", {"file": rel, "size": size, "limit": intake.MAX_FILE_BYTES})
                     continue
                 with open(path, "rb") as f:
-                    data = f.read(MAX_FILE_BYTES + 1)
+                    data = f.read(intake.MAX_FILE_BYTES + 1)
             except OSError as exc:
                 item.error = ("class_unreadable", {"file": rel, "why": exc.strerror or str(exc)})
                 continue
-            if len(data) > MAX_FILE_BYTES:
-                item.error = ("class_too_large", {"file": rel, "size": len(data), "limit": MAX_FILE_BYTES})
+            if len(data) > intake.MAX_FILE_BYTES:
+                item.error = ("class_too_large", {"file": rel, "size": len(data), "limit": intake.MAX_FILE_BYTES})
                 continue
-            data = data[len(BOM):] if data.startswith(BOM) else data
+            data = without_bom(data)
             if suffix == ".ipynb":
                 found, why = notebook_exercises(data)
                 if found is None:
-                    item.error = ("class_bad_notebook", {"file": rel, "why": why[:300]})
+                    item.error = ("class_bad_notebook", {"file": rel, "why": why})
                     continue
                 if lab:
                     found = [i for i in found if registry.get(i).lab == lab]
@@ -226,7 +186,7 @@ def _checked_rows(item: Item, lang: str) -> list[dict]:
         if r is None or r.get("outcome") not in OUTCOMES or not isinstance(r.get("feedback"), str):
             log = _tail(item.private / "worker.log")
             rows.append(error_row("class_worker_failed", lang, exercise=ex_id, max_score=ex.max_score,
-                                   file=item.rel, why=log or "no verdict"))
+                                   file=item.rel, why=log or LabError("class_why_no_verdict")))
             continue
         try:
             score = min(max(float(r.get("score", 0.0)), 0.0), float(ex.max_score))
@@ -442,8 +402,6 @@ def main(argv: list[str] | None = None) -> int:
     results = run_class(folder, jobs=args.jobs, lang=lang, lab=args.lab, quiet=not args.verbose)
     json_path, csv_path = write_results(results, out)
     if args.gradescope:
-        from dtrain_lab.grading.autograder import gradescope_json
-
         sub = next(s for s in results["submissions"] if s["kind"] != "error")
         write_atomic(args.gradescope, json.dumps(gradescope_json(sub["verdicts"], lang=lang, file=sub["file"]),
                                                  ensure_ascii=False, indent=2))

@@ -14,9 +14,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from dtrain_lab.i18n import rendered, tr
+from dtrain_lab.i18n import LabError, rendered, tr
 
 COLUMNS = ("student", "file", "exercise", "score", "max_score", "outcome")
+OUTPUT_LIMIT = 64 * 1024            # Gradescope: bytes of UTF-8 per test output and for the top-level output
 
 
 def error_row(key: str, lang: str, *, exercise: str = "", max_score: int = 0, **fields) -> dict:
@@ -70,3 +71,41 @@ def write_results(results: dict, out: str | os.PathLike) -> tuple[Path, Path]:
     write_atomic(json_path, json.dumps(results, ensure_ascii=False, indent=2))
     write_atomic(csv_path, gradebook_csv(results))
     return json_path, csv_path
+
+
+def truncate(text: str, limit: int = OUTPUT_LIMIT) -> str:
+    """At most ``limit`` bytes of UTF-8, cut on a character boundary, saying that it was cut."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    note = f"\n… [{len(data) - limit} bytes cut]"
+    return data[:limit - len(note.encode("utf-8"))].decode("utf-8", errors="ignore") + note
+
+
+def gradescope_json(verdicts: list, *, lang: str, output: str = "", visibility: str = "visible",
+                    execution_time: float | None = None, extra: dict | None = None, file: str | None = None) -> dict:
+    """Gradescope's results.json for ONE submission, from its verdicts (``Verdict`` or their dicts)."""
+    from dtrain_lab.grading import registry
+
+    tests = []
+    for v in verdicts:
+        d = v if isinstance(v, dict) else v.to_json()
+        try:
+            title = registry.get(d["exercise"]).title[lang]
+        except (LabError, KeyError):
+            title = ""
+        name = f"{title} ({d['exercise']})" if title else (d["exercise"] or tr("ag_submission_test", lang))
+        tests.append({"name": name, "score": float(d["score"]), "max_score": float(d["max_score"]),
+                      "status": "passed" if d["passed"] else "failed", "output": truncate(d["feedback"]),
+                      "visibility": visibility,
+                      "extra_data": {"exercise": d["exercise"], "outcome": d["outcome"],
+                                     "execution_time": round(float(d.get("elapsed") or 0.0), 3)}})
+    total = sum(t["extra_data"]["execution_time"] for t in tests)
+    result = {"score": sum(t["score"] for t in tests),
+              "execution_time": int(round(execution_time if execution_time is not None else total)),
+              "output": truncate(output or tr("ag_output", lang, score=sum(t["score"] for t in tests),
+                                              max_score=sum(t["max_score"] for t in tests), file=file or "-")),
+              "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
+    if extra:
+        result["extra_data"] = extra
+    return result
