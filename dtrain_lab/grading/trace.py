@@ -1,4 +1,4 @@
-"""Record every rank's sequence of collectives, so the grader can compare them.
+"""Record every rank's sequence of collectives, so the grader can compare them (and explain a failure).
 
 A deadlock-prone program does not deadlock every time: with gloo, small blocking sends are buffered
 and mismatched collectives can happen to line up. The grader therefore does not rely on luck: each
@@ -7,7 +7,10 @@ a hang, a crash or ``os._exit``), and after the run the ranks' sequences are com
 that issued different collectives in the same position is a bug, whether or not this run hung.
 
 Wrapping ``torch.distributed`` functions is done here, in the grader's harness only, because it is
-the one place that must see calls made by code it does not control. (To *time* collectives in your
+the one place that must see calls made by code it does not control. The trace is written by the
+rank itself, so a submission could forge it: the grader uses it to explain and to catch honest
+mistakes that did not hang this time, never as proof that communication happened (private inputs
+prove that). (To *time* collectives in your
 own code, don't patch them: use the profiler or explicit timers.)
 """
 from __future__ import annotations
@@ -74,11 +77,24 @@ def install(path: str) -> None:
             setattr(dist, name, wrap(name, fn))
 
 
+def parse(text: str) -> list[dict]:
+    """The calls of a trace file's text; a line that is not a JSON object (cut off, or forged) is skipped."""
+    out = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and isinstance(item.get("op"), str):
+            out.append(item)
+    return out
+
+
 def read(path: str) -> list[dict]:
     try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError):
+        with open(path, errors="replace") as f:
+            return parse(f.read())
+    except OSError:
         return []
 
 

@@ -1,0 +1,163 @@
+"""Lab 10 — deadlocks: the checks of its eight exercises, run in the grader's process.
+
+Every expected value is computed here from **all** ranks' private inputs
+(:func:`dtrain_lab.grading.lab10.make_inputs` with the run's seed), which no single rank had: a rank
+that skips the communication cannot know its peers' data, so its answer is wrong whatever it
+recomputes. Besides the results, the ranks' traces of collectives are compared (every rank the
+same collectives in the same order); a rank can forge its own trace, so a trace check only explains
+a failure or catches an honest mistake that happened not to hang this time.
+
+Races are decided by timing the grader controls: in exercise 7 the writer pauses in the middle of
+writing for a time only it knows (1.5 to 3 s, drawn per run), so a reader that does not wait for
+the writer reads nothing or half a checkpoint.
+"""
+from __future__ import annotations
+
+import math
+
+from dtrain_lab.grading import lab10 as contract
+from dtrain_lab.grading.channel import short
+from dtrain_lab.grading.exercise import Exercise, problem
+
+LAB = "lab_10"
+
+
+def _close(a, b, tol=1e-6) -> bool:
+    try:
+        return math.isclose(float(a), float(b), rel_tol=tol, abs_tol=tol)
+    except (TypeError, ValueError):
+        return False
+
+
+def _expect(result, want: float, key: str) -> list:
+    """The message ``key`` (what the value is, what it should be, what it is) unless ``result`` is ``want``."""
+    if _close(result, want):
+        return []
+    return [problem(key, want=f"{want:.6g}", got=short(result))]
+
+
+# ------------------------------------------------------------------ 1. collective under a rank branch
+def _check_mean_loss(run, rank, result):
+    want = sum(i["loss"] for i in run.inputs) / run.world_size
+    return _expect(result, want, "lab10_mean_loss")
+
+
+# ------------------------------------------------------------------ 2. rank-0-only validation + broadcast
+def _check_val(run, rank, result):
+    values = [v for i in run.inputs for _, v in i["val"]]
+    return _expect(result, sum(values) / contract.VAL_SIZE, "lab10_val_mean")
+
+
+# ------------------------------------------------------------------ 3. uneven numbers of batches
+def _check_uneven(run, rank, result):
+    want = sum(sum(i["batches"]) for i in run.inputs)
+    return _expect(result, want, "lab10_all_batches")
+
+
+# ------------------------------------------------------------------ 4. exception swallowed
+def _check_swallowed(run, rank, result):
+    bad = {i["fail_step"] for i in run.inputs if i["fail_step"] is not None}
+    want = sum(i["steps"][s] for i in run.inputs for s in range(contract.STEPS) if s not in bad)
+    return _expect(result, want, "lab10_usable_steps")
+
+
+# ------------------------------------------------------------------ 5. collectives in different orders
+def _check_order(run, rank, result):
+    if not isinstance(result, dict):
+        return [problem("lab10_want_dict", got=short(result))]
+    out = []
+    for key in ("loss", "correct"):
+        want = sum(i["stats"][key] for i in run.inputs)
+        if not _close(result.get(key), want):
+            out.append(problem("lab10_expected_key", key=key, want=f"{want:.6g}", got=short(result.get(key))))
+    return out
+
+
+# ------------------------------------------------------------------ 6. blocking send/send
+def _message(inputs: dict):
+    import torch
+
+    m = inputs["message"]
+    t = torch.full((contract.MESSAGE_NUMEL,), float(m["fill"]))
+    for i, v in m["spots"]:
+        t[int(i)] = float(v)
+    return t
+
+
+def _check_exchange(run, rank, result):
+    import torch
+
+    if not isinstance(result, torch.Tensor) or result.numel() != contract.MESSAGE_NUMEL:
+        return [problem("lab10_want_message", numel=contract.MESSAGE_NUMEL, got=short(result))]
+    if not torch.equal(result.reshape(-1).float(), _message(run.inputs[1 - rank])):
+        return [problem("lab10_not_peer_data")]
+    return []
+
+
+def _no_send_send(run):
+    """Both ranks' first point-to-point call is a blocking send: a deadlock as soon as the message
+    exceeds the transport's buffers, whether or not this run happened to get through."""
+    firsts = {}
+    for rank, calls in run.traces.items():
+        p2p = [c for c in calls if c.get("op") in ("send", "recv", "isend", "irecv", "batch_isend_irecv")]
+        firsts[rank] = p2p[0]["op"] if p2p else None
+    if len(firsts) == 2 and all(op == "send" for op in firsts.values()):
+        return [problem("lab10_send_send")]
+    return []
+
+
+# ------------------------------------------------------------------ 7. barrier inside if rank == 0
+def _check_shared_file(run, rank, result):
+    want = run.inputs[0]["checkpoint"]["text"]
+    if result != want:
+        return [problem("lab10_wrong_checkpoint", got=short(result))]
+    return []
+
+
+def _readers_wait_for_writer(run):
+    """Reading a file another rank writes needs a synchronisation every rank takes part in."""
+    if any(not calls for calls in run.traces.values()):
+        return [problem("lab10_no_sync")]
+    return []
+
+
+# ------------------------------------------------------------------ 8. accumulation steps differ per rank
+def _check_accum(run, rank, result):
+    # every rank takes the same number of optimizer steps, as many as the rank with the fewest
+    # micro-batches allows (its surplus micro-batches are dropped); each step averages ACCUM
+    # micro-batches per rank, then over ranks
+    acc = contract.ACCUM
+    steps = min(len(i["micro"]) for i in run.inputs) // acc
+    want = [sum(sum(i["micro"][s * acc:(s + 1) * acc]) / acc for i in run.inputs) / run.world_size
+            for s in range(steps)]
+    if not isinstance(result, (list, tuple)) or len(result) != len(want) \
+            or not all(_close(a, b) for a, b in zip(result, want)):
+        return [problem("lab10_wrong_accum", want=short([round(w, 4) for w in want], 120), got=short(result))]
+    return []
+
+
+def _exercise(name: str, title: tuple, checks, **kw) -> Exercise:
+    en, zh = title
+    return Exercise(id=f"lab10.{name}", lab=LAB, filename=f"lab10_{name}.py", timeout=kw.pop("timeout", 10),
+                    title=dict(zip(("en", "zh"), (en, zh))), checks=checks, make_inputs=contract.make_inputs,
+                    world_sizes=kw.pop("world_sizes", (2, 3)), **kw)
+
+
+EXERCISES = [
+    _exercise("rank_branch", ("1 · A collective under a rank-only branch", "1 · 只在某个 rank 分支里调用的集合通信"),
+              [_check_mean_loss]),
+    _exercise("rank0_eval", ("2 · Rank-0-only validation, then a broadcast", "2 · 只在 rank 0 上验证，再广播结果"),
+              [_check_val]),
+    _exercise("uneven_batches", ("3 · Uneven numbers of batches per rank", "3 · 各 rank 的 batch 数不一样"),
+              [_check_uneven]),
+    _exercise("swallowed_exception", ("4 · An exception swallowed with `continue` on one rank",
+                                      "4 · 某个 rank 用 `continue` 吞掉了异常"), [_check_swallowed]),
+    _exercise("collective_order", ("5 · Collectives issued in different orders", "5 · 各 rank 发起集合通信的顺序不同"),
+              [_check_order]),
+    _exercise("send_send", ("6 · Blocking send/send between two ranks", "6 · 两个 rank 互相阻塞 send"),
+              [_check_exchange], job_checks=[_no_send_send], world_sizes=(2,)),
+    _exercise("barrier_rank0", ("7 · A barrier inside `if rank == 0`", "7 · 写在 `if rank == 0` 里的 barrier"),
+              [_check_shared_file], job_checks=[_readers_wait_for_writer], timeout=15),
+    _exercise("accum_steps", ("8 · Accumulation steps that differ per rank", "8 · 各 rank 的梯度累积步数不同"),
+              [_check_accum]),
+]

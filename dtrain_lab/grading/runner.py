@@ -1,0 +1,360 @@
+"""Run one submission on N ranks, each rank in its own sandbox, and collect what came back.
+
+The grader's side of a graded job (the judging is in :mod:`dtrain_lab.grading.grader`):
+
+1. a private job folder: every rank's private inputs (only that rank's sandbox will contain its
+   file), the files each rank may write (result, trace, events, error, stack), a copy of the
+   submission, the supervisor's plan;
+2. the outer sandbox (:mod:`dtrain_lab.grading.sandbox`) with the supervisor in it, which starts
+   every rank in its inner sandbox and records how each ended;
+3. two clocks, as in :func:`dtrain_lab.launch`: start-up until the first rank joined the process
+   group, then the exercise's time limit; on a hang every rank is asked for its stack (SIGUSR1);
+4. the end: the outer sandbox is killed (its PID namespace dies with it: nothing of the job
+   survives, whatever it forked), and only then are the ranks' files read, size-capped, decoded as
+   data (:mod:`dtrain_lab.grading.channel`).
+
+Without a sandbox (``sandbox=False``: ``--no-sandbox``, or a self-check on macOS) the same job runs
+as plain processes; every process of it is still killed at the end, but nothing is private.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from dtrain_lab.grading import channel, sandbox, trace
+from dtrain_lab.jobs import _procs
+from dtrain_lab.jobs.diagnose import WaitSite, wait_site
+
+SUPERVISOR = str(Path(__file__).resolve().parent / "supervisor.py")
+RW_FILES = ("result", "trace", "events", "error", "stack")
+MAX_TRACE = 4 << 20
+MAX_EVENTS = 256 << 10
+MAX_ERROR = 64 << 10
+
+
+@dataclass
+class JobSpec:
+    exercise: str
+    entry: str
+    submission: Path
+    world_size: int
+    inputs: list                     # per rank, encoded by channel.encode
+    timeout: float
+    startup_timeout: float = 60.0
+    env: dict = field(default_factory=dict)
+    max_restarts: int = 0
+    pg_timeout: float | None = None
+    setup: str | None = None
+    hide: tuple = ()
+    limits: sandbox.Limits = field(default_factory=sandbox.Limits)
+    sandboxed: bool = True
+    lang: str = "en"
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    code: int | None = None          # exit code of the last attempt, observed by the supervisor
+    signal: str | None = None        # "SIGKILL", "SIGXFSZ", ... when a signal ended it
+    ended: float | None = None       # wall time it ended
+    events: dict = field(default_factory=dict)   # name -> first time (self-reported)
+    result: Any = None
+    error: dict | None = None
+    trace: list = field(default_factory=list)
+    stack: str | None = None
+    waiting: WaitSite | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    @property
+    def done(self) -> bool:
+        return "done" in self.events
+
+
+@dataclass
+class JobResult:
+    world_size: int
+    ok: bool = False
+    hung: bool = False
+    phase: str | None = None
+    limit: float = 0.0
+    elapsed: float = 0.0
+    startup: float | None = None
+    attempts: int = 0
+    ranks: list = field(default_factory=list)
+    sandboxed: bool = True
+    to_first_start: float | None = None   # seconds from launch until the first rank's harness ran
+    job_dir: str = ""
+
+
+def _job_root() -> Path:
+    root = Path(os.environ.get("DTRAIN_RUN_DIR") or tempfile.gettempdir()) / f"dtrain_grade-{os.getuid()}"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    cutoff = time.time() - 24 * 3600
+    for old in root.iterdir():
+        try:
+            if old.stat().st_mtime < cutoff:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+    return root
+
+
+def _owned(path: Path, mode: int) -> None:
+    """A file the sandbox user may write: owned by it when the grader is root."""
+    path.touch()
+    path.chmod(mode)
+    if sandbox_root():
+        os.chown(path, sandbox.SANDBOX_UID, sandbox.SANDBOX_UID)
+
+
+def sandbox_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _prepare(spec: JobSpec, job_dir: Path) -> dict:
+    """Write the job folder and return the supervisor's plan."""
+    job_dir.chmod(0o755)
+    (job_dir / "spec.json").write_text(json.dumps({"entry": spec.entry, "pg_timeout": spec.pg_timeout,
+                                                   "setup": spec.setup, "exercise": spec.exercise}))
+    shutil.copyfile(spec.submission, job_dir / "submission.py")
+    for name in ("spec.json", "submission.py"):
+        (job_dir / name).chmod(0o644)
+    etc = sandbox.etc_files(job_dir / "etc") if spec.sandboxed else {}
+    hidden = {}
+    for module in spec.hide:
+        target = sandbox.module_file(module)
+        if target is not None:
+            hidden[str(target)] = sandbox.stub_module(job_dir / "hide", module)
+    job_id = job_dir.name
+    ranks = []
+    for r in range(spec.world_size):
+        rdir = job_dir / f"rank{r}"
+        rdir.mkdir(mode=0o755)
+        (rdir / "inputs").write_bytes(spec.inputs[r])
+        (rdir / "inputs").chmod(0o644 if spec.sandboxed else 0o600)
+        for a in range(spec.max_restarts + 1):
+            adir = rdir / f"a{a}"
+            adir.mkdir(mode=0o755)
+            for name in RW_FILES:
+                _owned(adir / name, 0o600)
+            if sandbox_root() and spec.sandboxed:
+                os.chown(adir, sandbox.SANDBOX_UID, sandbox.SANDBOX_UID)
+        base_env = {"RANK": r, "WORLD_SIZE": spec.world_size, "LOCAL_RANK": r, "LOCAL_WORLD_SIZE": spec.world_size,
+                    "GROUP_RANK": 0, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{port}",
+                    "TORCHELASTIC_RESTART_COUNT": "{attempt}", "DTRAIN_BACKEND": "gloo", "GLOO_SOCKET_IFNAME": "lo",
+                    "DTRAIN_LANG": spec.lang, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+                    "OMP_NUM_THREADS": "1", _procs.JOB_ENV: job_id, **spec.env}
+        command = [sys.executable, "-m", "dtrain_lab.grading.harness", "--rank", str(r)]
+        adir_t = str(rdir / "a{attempt}")
+        if spec.sandboxed:
+            env = {**base_env, "HOME": sandbox.HOME, "USER": "learner", "LOGNAME": "learner", "PATH": "/usr/bin:/bin",
+                   "PYTHONPATH": str(sandbox.PACKAGE_DIR.parent), "TMPDIR": "/tmp",
+                   "DTRAIN_GRADE_IO": f"{sandbox.IO}/out", "DTRAIN_GRADE_INPUTS": f"{sandbox.IO}/inputs",
+                   "DTRAIN_GRADE_SPEC": f"{sandbox.IO}/spec.json", "DTRAIN_GRADE_SUBMISSION": f"{sandbox.IO}/submission.py",
+                   "DTRAIN_GRADE_SHARED": sandbox.SHARED}
+            ro = {f"{sandbox.IO}/inputs": rdir / "inputs", f"{sandbox.IO}/spec.json": job_dir / "spec.json",
+                  f"{sandbox.IO}/submission.py": job_dir / "submission.py", **hidden}
+            rw = {f"{sandbox.IO}/out/{name}": f"{adir_t}/{name}" for name in RW_FILES}
+            argv = sandbox.inner_argv(env=env, ro=ro, rw=rw, limits=spec.limits, command=command, etc=etc)
+            env_for_supervisor = {"PATH": "/usr/bin:/bin"}
+        else:
+            shared = job_dir / "shared"
+            shared.mkdir(exist_ok=True)
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("DTRAIN_GRADE", "DTRAIN_HIDDEN"))}
+            env.update({k: str(v) for k, v in base_env.items()})
+            env.update({"PYTHONPATH": os.pathsep.join([str(sandbox.PACKAGE_DIR.parent)] +
+                                                      [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]),
+                        "DTRAIN_GRADE_IO": adir_t, "DTRAIN_GRADE_INPUTS": str(rdir / "inputs"),
+                        "DTRAIN_GRADE_SPEC": str(job_dir / "spec.json"),
+                        "DTRAIN_GRADE_SUBMISSION": str(job_dir / "submission.py"), "DTRAIN_GRADE_SHARED": str(shared)})
+            argv, env_for_supervisor = command, env
+        ranks.append({"argv": argv, "env": {k: str(v) for k, v in env_for_supervisor.items()},
+                      "stdout": f"{adir_t}/stdout.log", "stderr": f"{adir_t}/stderr.log"})
+    return {"world": spec.world_size, "max_restarts": spec.max_restarts, "ranks": ranks,
+            "limits": spec.limits.rlimits(), "status": str(job_dir / "status.jsonl"),
+            "port_base": 29500 if spec.sandboxed else 0}
+
+
+def _events(path: Path) -> dict:
+    out: dict = {}
+    text = channel.read_text(str(path), MAX_EVENTS)
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and isinstance(item.get("ev"), str) and item["ev"] not in out:
+            out[item["ev"]] = item
+    return out
+
+
+def _status(job_dir: Path) -> list[dict]:
+    items = []
+    for line in channel.read_text(str(job_dir / "status.jsonl"), 1 << 20).splitlines():
+        try:
+            items.append(json.loads(line))
+        except ValueError:
+            continue
+    return items
+
+
+def _current_attempt(job_dir: Path) -> int:
+    return max([s["attempt"] for s in _status(job_dir) if s.get("event") == "attempt"], default=0)
+
+
+def _rank_processes(root: psutil.Process) -> dict[int, psutil.Process]:
+    """The harness process of every rank (the oldest one: a child the learner forked has the same
+    command line but started later)."""
+    found: dict[int, psutil.Process] = {}
+    try:
+        procs = root.children(recursive=True)
+    except psutil.Error:
+        return found
+    for p in procs:
+        try:
+            cmd = p.cmdline()   # the sandbox's own processes carry the same words as arguments: skip them
+            if cmd[1:4] != ["-m", "dtrain_lab.grading.harness", "--rank"]:
+                continue
+            r = int(cmd[4])
+            if r not in found or p.create_time() < found[r].create_time():
+                found[r] = p
+        except (psutil.Error, ValueError, IndexError):
+            continue
+    return found
+
+
+def _kill(proc: subprocess.Popen, job_id: str, since: float) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    _procs.kill_job(job_id, proc, since=since)
+
+
+def run(spec: JobSpec) -> JobResult:
+    """Run the job; never raises for what the submission does."""
+    job_dir = _job_root() / f"{spec.exercise.replace('.', '_')}_{uuid.uuid4().hex[:10]}"
+    job_dir.mkdir(mode=0o700)
+    plan = _prepare(spec, job_dir)
+    (job_dir / "plan.json").write_text(json.dumps(plan))
+    supervisor = [sys.executable, "-I", "-S", SUPERVISOR, str(job_dir / "plan.json")]
+    cmd = sandbox.outer_argv(job_dir, spec.limits, supervisor) if spec.sandboxed else supervisor
+    res = JobResult(world_size=spec.world_size, sandboxed=spec.sandboxed, job_dir=str(job_dir))
+    t0, wall0 = time.monotonic(), time.time()
+    with open(job_dir / "supervisor.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_procs.set_parent_death_signal)
+    ready_at, attempt, t_attempt = None, 0, t0
+    try:
+        while proc.poll() is None:
+            now = time.monotonic()
+            a = _current_attempt(job_dir)
+            if a != attempt:                      # a restart: both clocks start again
+                attempt, ready_at, t_attempt = a, None, now
+            if ready_at is None:
+                if any("ready" in _events(job_dir / f"rank{r}" / f"a{attempt}" / "events") for r in range(spec.world_size)):
+                    ready_at = now
+                elif now - t_attempt > spec.startup_timeout:
+                    res.hung, res.phase, res.limit = True, "startup", spec.startup_timeout
+                    break
+            elif now - ready_at > spec.timeout:
+                res.hung, res.phase, res.limit = True, "run", spec.timeout
+                break
+            time.sleep(0.05)
+        if res.hung:
+            _collect_stacks(proc, job_dir, attempt, res)
+    finally:
+        _kill(proc, job_dir.name, wall0)
+    res.elapsed = time.monotonic() - t0
+    _collect(spec, job_dir, res, wall0)
+    return res
+
+
+def _collect_stacks(proc, job_dir: Path, attempt: int, res: JobResult) -> None:
+    try:
+        root = psutil.Process(proc.pid)
+    except psutil.Error:
+        return
+    asked = []
+    for r, p in _rank_processes(root).items():
+        try:
+            p.send_signal(signal.SIGUSR1)
+            asked.append(r)
+        except psutil.Error:
+            pass
+    for r in asked:
+        _procs.wait_stable(str(job_dir / f"rank{r}" / f"a{attempt}" / "stack"), timeout=3.0)
+
+
+def _signal_name(code: int | None, sandboxed: bool) -> str | None:
+    if code is None:
+        return None
+    num = -code if code < 0 else (code - 128 if sandboxed and 128 < code < 160 else None)
+    if num is None:
+        return None
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _collect(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> None:
+    status = _status(job_dir)
+    res.attempts = 1 + max([s["attempt"] for s in status if s.get("event") == "attempt"], default=0)
+    last = res.attempts - 1
+    exits = {s["rank"]: s for s in status if s.get("event") == "exit" and s.get("attempt") == last}
+    res.ok = not res.hung and any(s.get("event") == "end" and s.get("ok") for s in status)
+    lim = spec.limits.log_bytes
+    starts = []
+    for r in range(spec.world_size):
+        adir = job_dir / f"rank{r}" / f"a{last}"
+        ro = RankOutcome(rank=r)
+        if r in exits:
+            ro.code, ro.ended = exits[r].get("code"), exits[r].get("t")
+            ro.signal = _signal_name(ro.code, spec.sandboxed)
+        ev = _events(adir / "events")
+        ro.events = {k: v.get("t") for k, v in ev.items()}
+        if "done" in ev:
+            ro.result = channel.read(str(adir / "result"))
+        err = channel.read_text(str(adir / "error"), MAX_ERROR)
+        if err:
+            try:
+                info = json.loads(err)
+                ro.error = {k: str(info.get(k, ""))[:8000] for k in ("type", "message", "traceback", "time")}
+            except ValueError:
+                ro.error = None
+        ro.trace = trace.parse(channel.read_text(str(adir / "trace"), MAX_TRACE))
+        stack = channel.read_text(str(adir / "stack"), 256 << 10)
+        if stack.strip():
+            ro.stack = stack
+            if spec.sandboxed:   # the copy of the submission outside, so that the waiting line can be quoted
+                stack = stack.replace(f"{sandbox.IO}/submission.py", str(job_dir / "submission.py"))
+            ro.waiting = wait_site(stack)
+        ro.stdout = channel.read_text(str(adir / "stdout.log"), lim)
+        ro.stderr = channel.read_text(str(adir / "stderr.log"), lim)
+        if "start" in ro.events:
+            starts.append(ro.events["start"])
+        if "ready" in ro.events and (res.startup is None or ro.events["ready"] - wall0 < res.startup):
+            res.startup = max(0.0, ro.events["ready"] - wall0)
+        res.ranks.append(ro)
+    if starts:
+        res.to_first_start = max(0.0, min(starts) - wall0)
+    if not os.environ.get("DTRAIN_KEEP_GRADE_DIRS"):
+        shutil.rmtree(job_dir, ignore_errors=True)
