@@ -96,11 +96,15 @@ class FlatShard:
                 self.had_grad[i] = True
 
     def flat_grads(self) -> torch.Tensor:
-        """The params' gradients laid end to end in a new padded flat buffer (zeros for None)."""
+        """The params' gradients laid end to end in a new padded flat buffer (zeros for None); each
+        ``p.grad`` is freed as soon as it is copied, so that the gradient is never held twice over
+        (the caller points ``p.grad`` back into the buffer where the stage keeps full gradients)."""
+        self.note_grads()
         flat = torch.zeros(self.padded_numel, dtype=self.dtype, device=self.device)
         for p, off in zip(self.params, self.offsets):
             if p.grad is not None:
                 flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
+                p.grad = None
         return flat
 
     def add_grad_shard(self, g: torch.Tensor) -> None:

@@ -158,10 +158,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._grad_bytes = groups.nbytes(flat.grad)
             self._reduced = True
             return
-        flat.note_grads()
         live = sum(p.grad.numel() for p in self.params if p.grad is not None)
         self.peak_grad_numel = max(self.peak_grad_numel, live)
-        grads = flat.flat_grads()
+        grads = flat.flat_grads()                   # frees each p.grad once copied
         lo, hi = self.rank * flat.shard_numel, (self.rank + 1) * flat.shard_numel
         n = self.world_size
         if self.stage == 1 and self.grad_reduce == "reduce_scatter":
@@ -183,16 +182,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
         else:
             shard = torch.empty(flat.shard_numel, dtype=flat.dtype, device=flat.device)
             self._comm.reduce_scatter(shard, grads.div_(n))
-            del grads
-            for p in self.params:
-                p.grad = None                   # stage 2: the full gradients are freed
+            del grads                           # stage 2: no full gradient is kept
             flat.grad = shard
             self._grad_bytes = groups.nbytes(shard)
         self._reduced = True
 
     def _point_grads_at(self, grads: torch.Tensor) -> None:
-        for p, off in zip(self.params, self.flat.offsets):
-            if p.grad is not None:
+        for i, (p, off) in enumerate(zip(self.params, self.flat.offsets)):
+            if self.flat.had_grad[i]:
                 p.grad = grads[off:off + p.numel()].view_as(p)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:

@@ -189,10 +189,7 @@ class ZeroStage3:
     def _reduce_unit(self, unit: _Unit) -> None:
         flat = unit.flat
         with torch.no_grad():
-            flat.note_grads()
-            grads = flat.flat_grads()
-            for p in unit.params:
-                p.grad = None
+            grads = flat.flat_grads()               # frees each p.grad once copied
             shard = torch.empty(flat.shard_numel, dtype=flat.dtype, device=flat.device)
             self._comm.reduce_scatter(shard, grads.div_(self.world_size))
             del grads

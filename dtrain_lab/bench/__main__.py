@@ -1,0 +1,5 @@
+import sys
+
+from dtrain_lab.bench.cli import main
+
+sys.exit(main())
