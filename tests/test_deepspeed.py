@@ -160,7 +160,7 @@ def test_probe_features(job):
     rows = {r["feature"]: r for r in job[0]["features"]}
     assert {"accelerator", "bf16", "fp16", "fused_adam", "cpu_adam", "shm_comm", "nccl"} <= set(rows)
     assert rows["fp16"]["ok"] == dsl.fp16_supported()
-    assert rows["nccl"]["ok"] == dsl._cuda()
+    assert rows["nccl"]["ok"] == dsl.cuda_available()
     assert rows["shm_comm"]["ok"] or rows["accelerator"]["detail"].startswith("cuda")  # the job loaded it
 
 
@@ -175,7 +175,7 @@ def test_config_batch_arithmetic(micro, accum, world):
 
 def test_config_accepted_by_deepspeed():
     """DeepSpeed's own parser (world of one in this process) reads what make_config meant."""
-    dsl._ds()
+    dsl.import_deepspeed()
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
 
@@ -228,7 +228,7 @@ def test_gpu_only_features_detected():
         with pytest.raises(i18n.LabError) as info:
             dsl.make_config(precision="fp16", world_size=2)
         assert info.value.key == "ds_no_fp16" and "bf16" in str(info.value)
-    if not dsl._cuda():
+    if not dsl.cuda_available():
         with pytest.raises(i18n.LabError) as info:
             dsl.make_config(optimizer="fused_adam", world_size=2)
         assert info.value.key == "ds_no_fused_adam"
