@@ -115,6 +115,18 @@ def pad(text, columns: int, align: str = "<") -> str:
     return fill + text if align == ">" else text + fill
 
 
+def columns(*cells) -> str:
+    """One line of a text table from ``(text, spec)`` pairs, ``spec`` like ``"<14"`` or ``">12"``
+    (alignment, then width in display columns): a header in Chinese lines up with its numbers."""
+    return "".join(pad(text, int(spec[1:]), spec[0]) for text, spec in cells)
+
+
+def below(value: float, bound: float) -> str:
+    """``"< 1e-06"`` when ``value`` is under ``bound``, else the value itself: a rounding difference
+    printed as the bound it is checked against, so that the output is the same on every CPU."""
+    return f"< {bound:g}" if abs(value) < bound else f"{value:.1e}"
+
+
 class Printed(str):
     """Text a function has already printed: a notebook does not show it a second time as its value."""
 

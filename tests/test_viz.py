@@ -79,6 +79,17 @@ def test_pad_counts_display_columns():
     assert {viz.width(r) for r in rows} == {16}
 
 
+def test_columns_line_up_by_display_width():
+    head = viz.columns(("变体", "<8"), ("次数", ">6"))
+    assert head == "变体" + " " * 6 + "次数" and viz.width(head) == 14
+    assert viz.columns(("variant", "<8"), ("n", ">6")) == f"{'variant':<8}{'n':>6}"
+
+
+def test_below_prints_the_bound_a_rounding_difference_is_checked_against():
+    assert viz.below(3.2e-8, 1e-6) == viz.below(0.0, 1e-6) == "< 1e-06"
+    assert viz.below(2e-3, 1e-6) == "2.0e-03"
+
+
 def test_show_prints_source_outside_a_notebook(capsys):
     from dtrain_lab.comm.collectives import ring_all_reduce
 
