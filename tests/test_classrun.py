@@ -15,10 +15,12 @@ import pytest
 
 from conftest import ROOT
 from dtrain_lab import authoring
-from dtrain_lab.grading import classrun, gradebook, intake
+from dtrain_lab.grading import classrun, gradebook, intake, registry
 
 BOM = b"\xef\xbb\xbf"
 CLI = [sys.executable, "-m", "dtrain_lab.cli"]
+# lab 11 (.env files, read and never run: the cheapest exercises) once the grader has it
+LAB11 = "lab_11" in {e.lab for e in registry.all_exercises()}
 
 
 def env_solutions() -> dict:
@@ -57,24 +59,31 @@ def test_every_file_gets_a_row_and_no_attack_scores(tmp_path):
     """Group 4: a malformed notebook, a loose .py, unknown files, a link, a checkpoint copy: each an
     error row, none scoring, the run goes on; a byte-order mark is tolerated (the file is graded exactly
     as without it); results.json and gradebook.csv agree and name every file."""
-    env = env_solutions()["lab11_roce.env"]
-    good_nb = notebook(["%%writefile lab11_roce.env\n" + env["solution"]])
+    from lab10_cases import PROGRAMS
+
+    solution = PROGRAMS["send_send"]["solution"]                  # one world size: one launch
+    good_nb = notebook(["%%writefile lab10_send_send.py\n" + solution])
     folder, out = tmp_path / "class", tmp_path / "grades"
     folder.mkdir()
     (folder / "carol.ipynb").write_text('{"cells": [ {"cell_type": "code", "source": "x"')   # cut off
     (folder / "eve.ipynb").write_text("[1, 2, 3]")                                         # JSON, not a notebook
-    (folder / "dave.py").write_text(env["solution"])                                       # a loose file
+    (folder / "ivan.ipynb").write_bytes(b"\xff\xfe" + good_nb.encode("utf-16-le"))          # not UTF-8
+    (folder / "dave.py").write_text(solution)                                              # a loose file
     (folder / "notes.txt").write_text("hello")
     (tmp_path / "elsewhere.ipynb").write_text(good_nb)
     (folder / "link.ipynb").symlink_to(tmp_path / "elsewhere.ipynb")                        # links never followed
     (folder / ".ipynb_checkpoints").mkdir()
     (folder / ".ipynb_checkpoints" / "zed-checkpoint.ipynb").write_text(good_nb)
     (folder / "frank").mkdir()                                                             # a per-student folder
-    (folder / "frank" / "lab11.ipynb").write_bytes(BOM + good_nb.encode())
-    (folder / "grace_lab11_roce.env").write_bytes(BOM + env["solution"].encode())
-    (folder / "heidi_lab11_roce.env").write_text(env["solution"])                          # the same, no BOM
-    (folder / "=HYPERLINK(1).ipynb").write_text(notebook(["%%writefile lab11_two_nodes.env\n"
-                                                          + env_solutions()["lab11_two_nodes.env"]["learner"]]))
+    (folder / "frank" / "lab10.ipynb").write_bytes(BOM + good_nb.encode())
+    (folder / "=HYPERLINK(1).ipynb").write_text(notebook(["%%writefile lab10_rank_branch.py\n"
+                                                          + PROGRAMS["rank_branch"]["learner"]]))
+    if LAB11:
+        env = env_solutions()["lab11_roce.env"]["solution"]
+        (folder / "grace_lab11_roce.env").write_bytes(BOM + env.encode())
+        (folder / "heidi_lab11_roce.env").write_text(env)                                  # the same, no BOM
+    else:
+        (folder / "grace_lab11_roce.env").write_bytes(BOM + b"NCCL_DEBUG=WARN\n")           # names no known exercise
     r = run_cli(folder, "-j", "2", "--out", out)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Traceback" not in r.stderr, r.stderr
@@ -82,23 +91,31 @@ def test_every_file_gets_a_row_and_no_attack_scores(tmp_path):
     subs = {s["file"]: s for s in results["submissions"]}
     assert set(subs) == all_files(folder), sorted(set(subs) ^ all_files(folder))
     why = {f: " ".join(v["feedback"] for v in s["verdicts"]) for f, s in subs.items()}
-    for f in ("carol.ipynb", "eve.ipynb", "dave.py", "notes.txt", "link.ipynb", ".ipynb_checkpoints/zed-checkpoint.ipynb"):
+    attacks = ["carol.ipynb", "eve.ipynb", "ivan.ipynb", "dave.py", "notes.txt", "link.ipynb",
+               ".ipynb_checkpoints/zed-checkpoint.ipynb"] + ([] if LAB11 else ["grace_lab11_roce.env"])
+    for f in attacks:
         assert [v["outcome"] for v in subs[f]["verdicts"]] == ["error"], (f, subs[f])
         assert subs[f]["score"] == 0, (f, subs[f])
         assert subs[f]["verdicts"][0]["details"]["reason"]["zh"], f     # the reason in both languages
-    assert "not a valid notebook" in why["carol.ipynb"] and "not a valid notebook" in why["eve.ipynb"]
+    assert "not a valid notebook" in why["carol.ipynb"] and "not a notebook" in why["eve.ipynb"]
+    assert "not UTF-8" in why["ivan.ipynb"]
     assert ".py file on its own" in why["dave.py"] and "symbolic link" in why["link.ipynb"]
-    assert subs["frank/lab11.ipynb"]["student"] == "frank" and subs["grace_lab11_roce.env"]["student"] == "grace_lab11_roce"
-    # the BOM changes nothing: graded exactly as the same text without it (the solution passes)
-    for f in ("frank/lab11.ipynb", "grace_lab11_roce.env", "heidi_lab11_roce.env"):
-        assert [(v["exercise"], v["outcome"]) for v in subs[f]["verdicts"]] == [("lab11.roce", "pass")], (f, why[f])
+    assert subs["frank/lab10.ipynb"]["student"] == "frank"
+    # the BOM changes nothing: the notebook is graded as without it (the solution passes)
+    assert [(v["exercise"], v["outcome"]) for v in subs["frank/lab10.ipynb"]["verdicts"]] == [("lab10.send_send", "pass")]
+    expected = 1
+    if LAB11:
+        assert subs["grace_lab11_roce.env"]["student"] == "grace_lab11_roce"
+        for f in ("grace_lab11_roce.env", "heidi_lab11_roce.env"):
+            assert [(v["exercise"], v["outcome"]) for v in subs[f]["verdicts"]] == [("lab11.roce", "pass")], (f, why[f])
+        expected += 2
     with open(out / "gradebook.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == ["student", "file", "exercise", "score", "max_score", "outcome"]
     assert len(rows) == sum(len(s["verdicts"]) for s in results["submissions"])
     assert {r["file"] for r in rows} == {gradebook.csv_cell(f) for f in subs}
     assert "'=HYPERLINK(1).ipynb" in {r["file"] for r in rows}                    # text, not a formula
-    assert sum(float(r["score"]) for r in rows) == 3
+    assert sum(float(r["score"]) for r in rows) == expected
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -122,7 +139,7 @@ def test_gradescope_output_refuses_a_class(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(gs.read_text(encoding="utf-8"))
     assert doc["score"] == 0 and [t["extra_data"]["exercise"] for t in doc["tests"]] == ["lab10.rank_branch"]
-    assert doc["tests"][0]["status"] == "failed" and "stub" in doc["tests"][0]["output"]
+    assert doc["tests"][0]["status"] == "failed" and "not attempted" in doc["tests"][0]["output"]
 
 
 def _marked(marker: str) -> list:
@@ -209,23 +226,23 @@ def test_worker_verdicts_are_checked_against_the_registry(tmp_path):
     """A verdict comes back through a file: whatever it claims, the score is the exercise's own, and an
     exercise it was not asked for, or no verdict, cannot add points."""
     item = classrun.Item(rel="alice.ipynb", student="alice", kind="notebook",
-                         exercises=["lab10.rank_branch", "lab10.send_send", "lab11.roce"], private=tmp_path)
+                         exercises=["lab10.rank_branch", "lab10.send_send", "lab10.accum_steps"], private=tmp_path)
     forged = [{"exercise": "lab10.rank_branch", "outcome": "pass", "score": 1e6, "feedback": "ok"},
               {"exercise": "lab10.send_send", "outcome": "invented", "score": 1, "feedback": "ok"},
               {"exercise": "lab02.sync", "outcome": "pass", "score": 1, "feedback": "not asked for"}]
     (tmp_path / "result.json").write_text(json.dumps(forged))
     rows = {r["exercise"]: r for r in classrun._checked_rows(item, "en")}
-    assert set(rows) == {"lab10.rank_branch", "lab10.send_send", "lab11.roce"}
+    assert set(rows) == {"lab10.rank_branch", "lab10.send_send", "lab10.accum_steps"}
     assert rows["lab10.rank_branch"]["score"] == rows["lab10.rank_branch"]["max_score"] == 1
-    assert rows["lab10.send_send"]["outcome"] == rows["lab11.roce"]["outcome"] == "error"
-    assert rows["lab10.send_send"]["score"] == rows["lab11.roce"]["score"] == 0
+    assert rows["lab10.send_send"]["outcome"] == rows["lab10.accum_steps"]["outcome"] == "error"
+    assert rows["lab10.send_send"]["score"] == rows["lab10.accum_steps"]["score"] == 0
 
 
 def test_scan_refuses_oversized_files_and_unknown_env_files(tmp_path, monkeypatch):
     folder = tmp_path / "class"
     folder.mkdir()
     monkeypatch.setattr(intake, "MAX_FILE_BYTES", 1000)
-    (folder / "big.ipynb").write_text(notebook(["%%writefile lab11_roce.env\n" + "A=1\n" * 300]))
+    (folder / "big.ipynb").write_text(notebook(["%%writefile lab10_send_send.py\n" + "x = 1\n" * 300]))
     (folder / "mystery.env").write_text("NCCL_DEBUG=INFO\n")
     (folder / "empty.ipynb").write_text(notebook(["print(1)"]))
     items = {i.rel: i for i in classrun.scan(folder, "en")}

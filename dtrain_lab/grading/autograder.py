@@ -43,6 +43,7 @@ from dtrain_lab.i18n import LANGS, LabError, both, get_lang, tr
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
 SANDBOX_USER = "dtrain-student"
+MODE_NOTE = {"user": "ag_mode_user", "unsandboxed": "ag_mode_unsandboxed", "refused": "ag_mode_refused"}
 FILES = Path(__file__).resolve().parent / "autograder_files"
 
 
@@ -77,7 +78,7 @@ def build_wheel(dest: Path) -> Path:
 
 
 def build(lab: str, out: str | os.PathLike, *, exercises: list[str] | None = None, lang: str | None = None,
-          visibility: str = "visible", hidden_checks: list[str] = ()) -> Path:
+          visibility: str = "visible", hidden_checks: list[str] = (), allow_unsandboxed: bool = False) -> Path:
     """Write the autograder zip of ``lab`` to ``out``; returns its path."""
     lang = lang or get_lang()
     lab = resolve_lab(lab)
@@ -89,6 +90,7 @@ def build(lab: str, out: str | os.PathLike, *, exercises: list[str] | None = Non
 
     config = {"lab": lab, "name": labs()[lab], "exercises": ids, "lang": lang, "visibility": visibility,
               "sandbox_user": SANDBOX_USER, "hidden_checks": [Path(h).stem for h in hidden_checks],
+              "allow_unsandboxed": bool(allow_unsandboxed),
               "max_score": sum(registry.get(i).max_score for i in ids)}
     with tempfile.TemporaryDirectory(prefix="dtrain-ag-") as tmp:
         wheel = build_wheel(Path(tmp))
@@ -132,7 +134,7 @@ def _row(key: str, lang: str, *, exercise: str = "", max_score: int = 0, **field
     return error_row(key, lang, exercise=exercise, max_score=max_score, **fields)
 
 
-def grade_submission(root: Path, config: dict, write) -> tuple[list[dict], str | None]:
+def grade_submission(root: Path, config: dict, write, how: dict | None = None) -> tuple[list[dict], str | None]:
     """Grade the one submission under ``root/submission``: (rows, its name). ``write(rows, name)`` is
     called after each exercise, so that a grader stopped half-way still reports what it graded."""
     from dtrain_lab.grading import grade, registry
@@ -188,7 +190,7 @@ def grade_submission(root: Path, config: dict, write) -> tuple[list[dict], str |
             path = work / registry.get(ex_id).filename
             path.write_bytes(body)
             try:
-                rows[ex_id] = grade(ex_id, path, lang=lang).to_json()
+                rows[ex_id] = grade(ex_id, path, lang=lang, **(how or {})).to_json()
             except Exception as exc:  # noqa: BLE001 - one exercise's failure never costs the others
                 rows[ex_id] = _row("class_worker_failed", lang, exercise=ex_id, max_score=registry.get(ex_id).max_score,
                                    file=rel, why=f"{type(exc).__name__}: {exc}"[:400])
@@ -199,35 +201,72 @@ def grade_submission(root: Path, config: dict, write) -> tuple[list[dict], str |
 
 
 def run(root: str | os.PathLike) -> int:
-    """``run_autograder``'s work: grade ``root/submission`` into ``root/results/results.json``."""
+    """``run_autograder``'s work: grade ``root/submission`` into ``root/results/results.json``.
+
+    This process (root, in Gradescope's container) is the grader: it decides every verdict and is the
+    only writer of results.json (its folder is root's alone). It makes itself a child subreaper, so
+    that nothing the submission started outlives the grade, and writes the final results only after
+    every such process is gone."""
+    from dtrain_lab.grading.classrun import Reaper
 
     root = Path(root)
     t0 = time.monotonic()
     results = root / "results" / "results.json"
     (root / "results").mkdir(parents=True, exist_ok=True)
     config, lang = {}, get_lang()
+    reaper = Reaper()
     try:
         config = json.loads((root / "source" / "autograder.json").read_text(encoding="utf-8"))
         lang = config.get("lang") if config.get("lang") in LANGS else lang
         _load_hidden_checks(root / "source" / "hidden", config.get("hidden_checks", []))
         import dtrain_lab
 
+        mode, how = sandbox_mode(config.get("allow_unsandboxed", False))
         extra = {"lab": config["lab"], "package": str(Path(dtrain_lab.__file__).parent),
-                 "version": dtrain_lab.__version__}
+                 "version": dtrain_lab.__version__, "sandbox": mode}
+        notes = [tr(MODE_NOTE[mode["mode"]], lang, reason=mode["reason"])] if mode["mode"] in MODE_NOTE else []
 
         def write(rows, file=None):
             doc = gradescope_json(rows, lang=lang, visibility=config.get("visibility", "visible"),
-                                  execution_time=time.monotonic() - t0, extra=extra, file=file)
+                                  execution_time=time.monotonic() - t0, extra=extra, file=file, notes=notes)
             write_atomic(results, json.dumps(doc, ensure_ascii=False, indent=2))
 
-        write(*grade_submission(root, config, write))
+        rows, file = grade_submission(root, config, write, how)
+        reaper.close()          # every process of the grade is gone before the final write
+        write(rows, file)
     except Exception as exc:  # noqa: BLE001 - Gradescope must always get a results.json
+        reaper.close()
         doc = gradescope_json([], lang=lang, output=tr("ag_internal_error", lang, why=f"{type(exc).__name__}: {exc}"),
                               execution_time=time.monotonic() - t0)
         write_atomic(results, json.dumps(doc, ensure_ascii=False, indent=2))
         print(f"dtrain-lab autograder: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def sandbox_mode(allow_unsandboxed: bool = False) -> tuple[dict, dict]:
+    """How submissions are isolated in this container, and the ``grade()`` keywords for it:
+
+    * ``namespaces``: the grader's bubblewrap sandbox works here (proven by starting one);
+    * ``user``: no namespaces (Docker's default seccomp profile blocks them), the grader offers its
+      unprivileged-user mode (``"user" in sandbox.MODES``) and this process is root: ranks run as an
+      unprivileged user under rlimits, this root process judges and writes the results;
+    * ``unsandboxed``: neither, and the zip was built with ``--allow-unsandboxed``: the code runs
+      without isolation and every results.json says so;
+    * ``refused``: neither: launched exercises are not run (an ``error`` row says why); ``.env``
+      exercises, which are only read, are graded."""
+    try:
+        from dtrain_lab.grading import sandbox
+    except ImportError:   # a course without the sandbox module
+        return {"mode": "unsandboxed" if allow_unsandboxed else "refused", "reason": "no sandbox module"}, {}
+    probe = sandbox.probe()
+    if probe.ok:
+        return {"mode": "namespaces", "reason": ""}, {}
+    if "user" in getattr(sandbox, "MODES", ()) and os.geteuid() == 0:
+        return {"mode": "user", "reason": probe.reason}, {"sandbox": "user"}
+    if allow_unsandboxed:
+        return {"mode": "unsandboxed", "reason": probe.reason}, {"sandbox": False}
+    return {"mode": "refused", "reason": probe.reason}, {}
 
 
 def _load_hidden_checks(folder: Path, names: list[str]) -> None:
@@ -262,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--hidden-checks", action="append", default=[], metavar="FILE.py",
                    help="instructor check module, imported in the root grader only (repeatable)")
     b.add_argument("--lang", choices=LANGS, help="language of the feedback (default: yours)")
+    b.add_argument("--allow-unsandboxed", action="store_true",
+                   help="where the container has no sandbox, run submissions anyway, unprotected (results say so)")
     r = sub.add_parser("run", help="inside Gradescope: grade $AUTOGRADER_ROOT/submission (run_autograder calls it)")
     r.add_argument("--root", default=os.environ.get("AUTOGRADER_ROOT", "/autograder"))
     args = ap.parse_args(argv)
@@ -271,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(h).is_file() or Path(h).suffix != ".py":
             raise LabError("ag_bad_hidden", file=h)
     out = build(args.lab, args.out, exercises=args.exercise, lang=args.lang, visibility=args.visibility,
-                hidden_checks=args.hidden_checks)
+                hidden_checks=args.hidden_checks, allow_unsandboxed=args.allow_unsandboxed)
     with zipfile.ZipFile(out) as z:
         config = json.loads(z.read("autograder.json"))
     print(tr("ag_built", args.lang, out=str(out), lab=config["name"], n=len(config["exercises"]),

@@ -83,7 +83,8 @@ def truncate(text: str, limit: int = OUTPUT_LIMIT) -> str:
 
 
 def gradescope_json(verdicts: list, *, lang: str, output: str = "", visibility: str = "visible",
-                    execution_time: float | None = None, extra: dict | None = None, file: str | None = None) -> dict:
+                    execution_time: float | None = None, extra: dict | None = None, file: str | None = None,
+                    notes: list | tuple = ()) -> dict:
     """Gradescope's results.json for ONE submission, from its verdicts (``Verdict`` or their dicts)."""
     from dtrain_lab.grading import registry
 
@@ -103,8 +104,9 @@ def gradescope_json(verdicts: list, *, lang: str, output: str = "", visibility: 
     total = sum(t["extra_data"]["execution_time"] for t in tests)
     result = {"score": sum(t["score"] for t in tests),
               "execution_time": int(round(execution_time if execution_time is not None else total)),
-              "output": truncate(output or tr("ag_output", lang, score=sum(t["score"] for t in tests),
-                                              max_score=sum(t["max_score"] for t in tests), file=file or "-")),
+              "output": truncate("\n".join([output or tr("ag_output", lang, score=sum(t["score"] for t in tests),
+                                                         max_score=sum(t["max_score"] for t in tests), file=file or "-"),
+                                             *notes])),
               "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
     if extra:
         result["extra_data"] = extra

@@ -48,5 +48,7 @@ id -u @SANDBOX_USER@ >/dev/null 2>&1 || useradd --system --no-create-home --home
 # the venv is readable by everyone (the submission imports torch and the contract API from it); the
 # autograder's own files (config, hidden checks) and the results are root's alone
 chmod -R a+rX /opt/dtrain-lab
+# ...except the checks, references and hidden checks: the root grader imports them, a submission never
+chmod 700 "$VENV"/lib/python3*/site-packages/dtrain_lab/grading/checks
 chmod 700 "$SRC"
 mkdir -p /autograder/results && chmod 700 /autograder/results
