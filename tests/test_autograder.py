@@ -59,17 +59,17 @@ def built(tmp_path_factory):
     grader has lab 11, and one install of their wheel. The install lies outside /tmp: a rank's sandbox
     mounts a private /tmp over it (in Gradescope the course is in /opt/dtrain-lab/venv)."""
     tmp = tmp_path_factory.mktemp("ag")
-    zips = {"lab10": autograder.build("lab_10_deadlocks", tmp / "lab10.zip", lang="en"),
-            "open": autograder.build("10", tmp / "open.zip", lang="en", exercises=["lab10.send_send"],
-                                     allow_unsandboxed=True)}
-    if LAB11:
-        zips["roce"] = autograder.build("11", tmp / "roce.zip", exercises=["lab11.roce"], lang="en")
-    site = Path(tempfile.mkdtemp(prefix="dtrain-ag-site-", dir="/var/tmp"))
+    zips = {"lab10": autograder.build("lab_10_deadlocks", tmp / "lab10.zip", lang="en")}
     with zipfile.ZipFile(zips["lab10"]) as z:
-        wheel = next(n for n in z.namelist() if n.startswith("wheels/"))
-        z.extract(wheel, tmp)
+        wheel = tmp / next(n for n in z.namelist() if n.startswith("wheels/"))
+        z.extract(wheel.relative_to(tmp).as_posix(), tmp)
+    zips["open"] = autograder.build("10", tmp / "open.zip", lang="en", exercises=["lab10.send_send"],
+                                    allow_unsandboxed=True, wheel=wheel)
+    if LAB11:
+        zips["roce"] = autograder.build("11", tmp / "roce.zip", exercises=["lab11.roce"], lang="en", wheel=wheel)
+    site = Path(tempfile.mkdtemp(prefix="dtrain-ag-site-", dir="/var/tmp"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
-                    str(tmp / wheel)], check=True, timeout=300)
+                    str(wheel)], check=True, timeout=300)
     yield {**zips, "site": site}
     shutil.rmtree(site, ignore_errors=True)
 

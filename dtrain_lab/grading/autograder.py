@@ -78,8 +78,10 @@ def build_wheel(dest: Path) -> Path:
 
 
 def build(lab: str, out: str | os.PathLike, *, exercises: list[str] | None = None, lang: str | None = None,
-          visibility: str = "visible", hidden_checks: list[str] = (), allow_unsandboxed: bool = False) -> Path:
-    """Write the autograder zip of ``lab`` to ``out``; returns its path."""
+          visibility: str = "visible", hidden_checks: list[str] = (), allow_unsandboxed: bool = False,
+          wheel: str | os.PathLike | None = None) -> Path:
+    """Write the autograder zip of ``lab`` to ``out``; returns its path. ``wheel``: a course wheel
+    built before (by default one is built from this checkout)."""
     lang = lang or get_lang()
     lab = resolve_lab(lab)
     ids = lab_exercises(lab, exercises)
@@ -93,7 +95,7 @@ def build(lab: str, out: str | os.PathLike, *, exercises: list[str] | None = Non
               "allow_unsandboxed": bool(allow_unsandboxed),
               "max_score": sum(registry.get(i).max_score for i in ids)}
     with tempfile.TemporaryDirectory(prefix="dtrain-ag-") as tmp:
-        wheel = build_wheel(Path(tmp))
+        wheel = Path(wheel) if wheel else build_wheel(Path(tmp))
         pins = _pins(wheel)
         failed = gradescope_json([], lang=lang, output=both("ag_internal_error", why="run_autograder"))
         fill = {"@LAB_NAME@": config["name"], "@TORCH_INDEX@": CPU_TORCH_INDEX, "@SANDBOX_USER@": SANDBOX_USER,
