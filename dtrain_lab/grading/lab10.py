@@ -1,4 +1,4 @@
-"""Lab 10 — deadlocks: the contract of its eight exercises (what a submission may import).
+"""Lab 10 — deadlocks: the contract of its nine exercises (what a submission may import).
 
 Each exercise's ``run()`` is called by the grader in every rank once the process group is up. The
 data each rank works on is **private to that rank** (:mod:`dtrain_lab.grading.contract`): drawn
@@ -20,6 +20,8 @@ STEPS = 6              # exercise 4: steps of the loop
 MESSAGE_NUMEL = 4 << 20  # exercise 6: 16 MiB of float32, far beyond any socket buffer
 ACCUM = 2              # exercise 8: micro-batches accumulated per optimizer step
 CHECKPOINT_NAME = "lab10_checkpoint.txt"
+RANKS_PER_NODE = 2     # exercise 9: consecutive ranks per "node"
+GRAD_NUMEL = 6         # exercise 9: elements of each rank's gradient
 
 
 def make_inputs(seed: int, world: int) -> list[dict]:
@@ -45,6 +47,7 @@ def make_inputs(seed: int, world: int) -> list[dict]:
             "checkpoint": ({"text": f"step {g.randint(100, 999)} checkpoint {g.getrandbits(48):012x}",
                             "delay": round(g.uniform(1.5, 3.0), 2)} if r == 0 else None),
             "micro": [round(g.uniform(0.5, 8.0), 4) for _ in range(micro_counts[r])],
+            "grad": [round(g.uniform(-5.0, 5.0), 4) for _ in range(GRAD_NUMEL)],
         })
     return out
 
@@ -131,3 +134,17 @@ def write_checkpoint(path: str) -> None:
 def micro_batches(rank: int | None = None) -> list[float]:
     """This rank's micro-batch gradients: their number differs from rank to rank."""
     return list(_mine(rank)["micro"])
+
+
+# ------------------------------------------------------------------ 9. hierarchical all-reduce
+def node_ranks(world_size: int) -> list[list[int]]:
+    """The ranks of each "node": ``RANKS_PER_NODE`` consecutive ranks, the last node possibly smaller
+    (``[[0, 1], [2]]`` for 3 ranks). The first rank of a node is its leader."""
+    return [list(range(s, min(s + RANKS_PER_NODE, world_size))) for s in range(0, world_size, RANKS_PER_NODE)]
+
+
+def local_gradient():
+    """This rank's gradient (float64) for exercise 9."""
+    import torch
+
+    return torch.tensor(_mine()["grad"], dtype=torch.float64)

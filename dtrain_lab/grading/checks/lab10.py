@@ -1,4 +1,4 @@
-"""Lab 10 — deadlocks: the checks of its eight exercises, run in the grader's process.
+"""Lab 10 — deadlocks: the checks of its nine exercises, run in the grader's process.
 
 Every expected value is computed here from **all** ranks' private inputs
 (:func:`dtrain_lab.grading.lab10.make_inputs` with the run's seed), which no single rank had: a rank
@@ -136,6 +136,31 @@ def _check_accum(run, rank, result):
     return []
 
 
+# ------------------------------------------------------------------ 9. hierarchical all-reduce
+def _check_hierarchical(run, rank, result):
+    want = [sum(i["grad"][k] for i in run.inputs) for k in range(contract.GRAD_NUMEL)]
+    got = result.reshape(-1).tolist() if hasattr(result, "reshape") else result
+    if not isinstance(got, (list, tuple)) or len(got) != len(want) or not all(_close(a, b) for a, b in zip(got, want)):
+        return [problem("lab10_hier_sum", want=short([round(w, 4) for w in want], 120), got=short(result))]
+    return []
+
+
+def _two_levels(run):
+    """What a right sum does not show: an all-reduce over the whole world (flat, no hierarchy), or the
+    leaders' all-reduce on a group that is not exactly the leaders (from the ranks' traces: an honest
+    mistake is caught, a forged trace is not; the sum is what proves the communication)."""
+    leaders = sorted(node[0] for node in contract.node_ranks(run.world_size))
+    for rank, calls in sorted(run.traces.items()):
+        for c in calls:
+            if c.get("op") != "all_reduce":
+                continue
+            if "group" not in c:
+                return [problem("lab10_hier_flat", rank=rank)]
+            if c["group"] != leaders:
+                return [problem("lab10_hier_leaders", rank=rank, group=short(c["group"]), leaders=leaders)]
+    return []
+
+
 def _exercise(name: str, title: tuple, checks, **kw) -> Exercise:
     en, zh = title
     return Exercise(id=f"lab10.{name}", lab=LAB, filename=f"lab10_{name}.py", timeout=kw.pop("timeout", 10),
@@ -160,4 +185,7 @@ EXERCISES = [
               [_check_shared_file], job_checks=[_readers_wait_for_writer], timeout=15),
     _exercise("accum_steps", ("8 · Accumulation steps that differ per rank", "8 · 各 rank 的梯度累积步数不同"),
               [_check_accum]),
+    _exercise("hierarchical", ("9 · Hierarchical all-reduce: the leaders' group", "9 · 分层 All-Reduce：主 rank 的进程组"),
+              [_check_hierarchical], job_checks=[_two_levels], world_sizes=(3, 4), timeout=20,
+              hide=("dtrain_lab.comm.hierarchical",)),
 ]
