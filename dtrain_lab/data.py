@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
+from dtrain_lab.i18n import LabError
+
 __all__ = ["regression_dataset", "classification_dataset", "token_dataset", "shard", "global_batch"]
 
 
@@ -75,7 +77,6 @@ def shard(batch, rank: int, world_size: int):
         return type(batch)(shard(t, rank, world_size) for t in batch)
     n = batch.shape[0]
     if n % world_size:
-        raise ValueError(f"batch of {n} does not split into {world_size} equal shards / "
-                         f"{n} 个样本无法平均分给 {world_size} 个 rank")
+        raise LabError("data_uneven_shards", n=n, world_size=world_size)
     per = n // world_size
     return batch[rank * per:(rank + 1) * per]

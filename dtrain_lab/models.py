@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtrain_lab.i18n import LabError
+
 __all__ = ["MLP", "TiedMLP", "FrozenMLP", "BranchMLP", "TinyTransformer", "Block", "seeded", "count_params"]
 
 
@@ -56,8 +58,8 @@ class MLP(nn.Module):
     def __init__(self, d_in: int = 16, d_hidden: int = 32, d_out: int = 4, depth: int = 2, *,
                  seed: int | None = None):
         super().__init__()
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth} / depth 至少为 1")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise LabError("model_bad_depth", value=depth)
         self.d_in, self.d_hidden, self.d_out, self.depth = d_in, d_hidden, d_out, depth
         with seeded(seed):
             mods: list[nn.Module] = []
@@ -131,7 +133,7 @@ class Block(nn.Module):
     def __init__(self, d: int = 32, n_heads: int = 2, mlp_ratio: int = 4):
         super().__init__()
         if d % n_heads:
-            raise ValueError(f"d={d} must be divisible by n_heads={n_heads} / d 必须能被 n_heads 整除")
+            raise LabError("model_heads_divide", d=d, n_heads=n_heads)
         self.n_heads = n_heads
         self.ln1 = nn.LayerNorm(d)
         self.q_proj = nn.Linear(d, d)
@@ -182,7 +184,7 @@ class TinyTransformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[-1]
         if t > self.max_len:
-            raise ValueError(f"sequence length {t} > max_len {self.max_len} / 序列长度 {t} 超过 max_len {self.max_len}")
+            raise LabError("model_seq_too_long", t=t, max_len=self.max_len)
         pos = torch.arange(t, device=tokens.device)
         x = self.tok_emb(tokens) + self.pos_emb(pos)
         for block in self.blocks:

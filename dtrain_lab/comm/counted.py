@@ -51,9 +51,11 @@ def wire_bytes(op: str, payload: float, p: int) -> float:
         return 0.0
     if op == "all_reduce":
         return ring_bytes_sent(payload, p)
-    if op == "all_gather":                       # nccl-tests' size S is the gathered p × shard
-        return busbw_factor("all_gather", p) * p * payload
-    if op in ("reduce_scatter", "all_to_all"):
+    if op == "all_gather":                       # the ring's array is the gathered p × shard
+        return ring_bytes_sent(p * payload, p, "all_gather")
+    if op == "reduce_scatter":
+        return ring_bytes_sent(payload, p, "reduce_scatter")
+    if op == "all_to_all":
         return busbw_factor(op, p) * payload
     return float(payload)                        # broadcast, reduce (a chain), send
 

@@ -15,17 +15,37 @@ draws them to show the idle ranks.
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import torch
-import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 
-from dtrain_lab.jobs import runtime
+from dtrain_lab.comm import groups
+from dtrain_lab.comm.groups import Group
 from dtrain_lab.data import global_batch, regression_dataset
-from dtrain_lab.parallel.model import MultiDeviceModel, partition, train_model_parallel
+from dtrain_lab.jobs import runtime
 from dtrain_lab.models import MLP
+from dtrain_lab.parallel.model import ModelParallelStage, MultiDeviceModel, partition
 
 LR = 0.05
+
+
+def train_model_parallel(model: nn.Module, batches, lr: float = 0.1, group: Group = None,
+                         loss_fn: Callable = F.mse_loss, device=None) -> dict:
+    """Train ``model`` split over the ranks of ``group`` with SGD on ``batches`` (an iterable of
+    ``(x, y)``, the same on every rank); returns this rank's ``stage``, the ``losses`` (last rank)
+    and its final part's parameters. With one rank it is ordinary training."""
+    stage = ModelParallelStage(model, group, loss_fn, device)
+    opt = torch.optim.SGD(stage.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)
+        loss = stage.step(x, y)
+        opt.step()                     # each rank updates only the layers it holds
+        if loss is not None:
+            losses.append(loss)
+    return {"stage": stage, "losses": losses, "params": [p.detach().clone() for p in stage.parameters()]}
 
 
 def reference(model, batches, lr):
@@ -48,7 +68,7 @@ def _cmp(a: list, b: list) -> dict:
 
 
 def facts(steps: int = 5, d_hidden: int = 32, batch: int = 16, device="cpu") -> dict:
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    rank, world = groups.rank_size()
     data = regression_dataset(n=256, d_in=16, d_out=4, seed=0)
     batches = [tuple(t.to(device) for t in global_batch(data, s, batch)) for s in range(steps)]
     make = lambda: MLP(16, d_hidden, 4, depth=3, seed=0)   # noqa: E731  same weights on every rank

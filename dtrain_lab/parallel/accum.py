@@ -34,15 +34,18 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from dtrain_lab.comm import groups
+from dtrain_lab.comm.groups import Group
+from dtrain_lab.i18n import LabError
+
 __all__ = ["micro_batches", "accumulation_step", "AllReduceCounter", "counting_allreduce_hook"]
 
 
 def micro_batches(batch: Sequence[torch.Tensor], k: int) -> list[tuple[torch.Tensor, ...]]:
     """Split a batch ``(x, y, ...)`` into ``k`` micro-batches of equal size (condition 2 above)."""
     n = batch[0].shape[0]
-    if k < 1 or n % k:
-        raise ValueError(f"a batch of {n} samples does not split into {k} equal micro-batches / "
-                         f"{n} 个样本无法平均分成 {k} 个微批次")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or n % k:
+        raise LabError("accum_uneven", n=n, k=k)
     return list(zip(*(t.chunk(k) for t in batch)))
 
 
@@ -89,7 +92,7 @@ def accumulation_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 class AllReduceCounter:
     """State of :func:`counting_allreduce_hook`: what PyTorch DDP handed to its gradient all-reduces."""
 
-    process_group: object = None
+    process_group: Group = None
     calls: int = 0                      # all-reduces issued (one per bucket and synchronised backward)
     nbytes: int = 0                     # bytes of the buckets all-reduced
     dtypes: Counter = field(default_factory=Counter)   # bucket dtype -> number of all-reduces
@@ -102,11 +105,11 @@ def counting_allreduce_hook(state: AllReduceCounter, bucket) -> torch.futures.Fu
     """A DDP communication hook that does what DDP does without one — average the bucket with one
     all-reduce (as ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook``) —
     and counts it. ``ddp.register_comm_hook(AllReduceCounter(), counting_allreduce_hook)``."""
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    group = state.process_group
     buf = bucket.buffer()
     state.calls += 1
-    state.nbytes += buf.numel() * buf.element_size()
+    state.nbytes += groups.nbytes(buf)
     state.dtypes[buf.dtype] += 1
-    buf.div_(dist.get_world_size(group))  # divide first: the sum of averages cannot overflow in fp16
+    buf.div_(groups.size(group))  # divide first: the sum of averages cannot overflow in fp16
     work = dist.all_reduce(buf, group=group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from dtrain_lab.data import regression_dataset, token_dataset
+from dtrain_lab.i18n import LabError
 from dtrain_lab.models import MLP, TinyTransformer
 
 __all__ = ["FORMATS", "one_thread", "format_table", "autocast_dtypes", "grad_census", "underflow_table",
@@ -161,7 +162,7 @@ def train_losses(precision: str = "fp32", steps: int = 80, *, batch: int = 32, l
     in ``precision`` ("fp32", "bf16" autocast, or "fp16" autocast with ``GradScaler("cpu")``), on the
     CPU, from the same weights and data every time. Returns the loss of every step."""
     if precision not in ("fp32", "bf16", "fp16"):
-        raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r} / precision 只能是 fp32、bf16 或 fp16")
+        raise LabError("amp_bad_precision", value=precision, choices="fp32, bf16, fp16")
     data = token_dataset(n=512, seq_len=8, vocab=16, seed=seed)
     model = TinyTransformer(vocab=16, d=32, n_heads=2, n_layers=2, max_len=8, seed=seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)

@@ -33,6 +33,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from dtrain_lab.comm import groups
+from dtrain_lab.comm.groups import Group
 from dtrain_lab.i18n import LabError, tr
 
 
@@ -187,13 +189,13 @@ def loss_scale(local_samples: int, global_samples: int, world_size: int, average
     return (world_size if average else 1) / global_samples
 
 
-def global_count(local_samples: int, group=None) -> int:
+def global_count(local_samples: int, group: Group = None) -> int:
     """``N = Σ_r n_r``, all-reduced (1 process: ``local_samples``)."""
     import torch
     import torch.distributed as dist
 
     _check_counts(local_samples)
-    if not (dist.is_available() and dist.is_initialized()):
+    if groups.size(group) == 1:
         return local_samples
     t = torch.tensor([local_samples], dtype=torch.int64)
     if dist.get_backend(group) == "nccl":
@@ -202,7 +204,7 @@ def global_count(local_samples: int, group=None) -> int:
     return int(t.item())
 
 
-def weighted_allreduce_grads(params, local_samples: int, group=None) -> int:
+def weighted_allreduce_grads(params, local_samples: int, group: Group = None) -> int:
     """Turn each rank's gradient of its *mean* loss into the gradient of the global-batch mean:
     ``g ← Σ_r n_r g_r / Σ_r n_r`` (one all-reduce per gradient, plus one for the counts).
 
@@ -214,7 +216,7 @@ def weighted_allreduce_grads(params, local_samples: int, group=None) -> int:
     total = global_count(local_samples, group)
     if total <= 0:
         raise LabError("het_bad_counts", value=(local_samples, total))
-    distributed = dist.is_available() and dist.is_initialized()
+    distributed = groups.size(group) > 1
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)

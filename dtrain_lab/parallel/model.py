@@ -33,6 +33,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtrain_lab.comm import groups
+from dtrain_lab.comm.groups import Group
 from dtrain_lab.i18n import LabError
 
 __all__ = ["partition", "ModelParallelStage", "MultiDeviceModel", "train_model_parallel", "timeline_chart",
@@ -72,10 +74,9 @@ class ModelParallelStage:
     ``t0 + start_s`` of ranks on one machine can be compared.
     """
 
-    def __init__(self, model: nn.Module, group=None, loss_fn: Callable = F.mse_loss, device=None):
+    def __init__(self, model: nn.Module, group: Group = None, loss_fn: Callable = F.mse_loss, device=None):
         self.group = group
-        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
-        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.rank, self.world = groups.rank_size(group)
         parts = partition(model, self.world)
         self.device = torch.device(device or "cpu")
         self.part = parts[self.rank].to(self.device)
@@ -85,7 +86,7 @@ class ModelParallelStage:
         self.sent_bytes = 0
 
     def _peer(self, r: int) -> int:   # group rank -> global rank, for send/recv
-        return dist.get_global_rank(self.group, r) if self.group is not None else r
+        return groups.global_rank(self.group, r)
 
     def parameters(self):
         return self.part.parameters()
@@ -93,8 +94,7 @@ class ModelParallelStage:
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float | None:
         """Forward and backward of one batch; returns the loss on the last rank, ``None`` elsewhere."""
         first, last = self.rank == 0, self.rank == self.world - 1
-        if self.world > 1:
-            dist.barrier(group=self.group)
+        groups.barrier(self.group)
         t0, marks = time.perf_counter(), []
 
         def busy(phase, start):
@@ -127,8 +127,7 @@ class ModelParallelStage:
         if not first:
             dist.send(inp.grad.contiguous(), dst=self._peer(self.rank - 1))
             self.sent_bytes += inp.grad.numel() * inp.grad.element_size()
-        if self.world > 1:
-            dist.barrier(group=self.group)
+        groups.barrier(self.group)
         self.timeline.append({"busy": marks, "total": time.perf_counter() - t0, "t0": t0})
         return loss.item() if last else None
 
@@ -153,23 +152,6 @@ class MultiDeviceModel(nn.Module):
         for part, dev in zip(self.parts, self.devices):
             x = part(x.to(dev))   # on GPUs: a device-to-device copy (NVLink/PCIe)
         return x
-
-
-def train_model_parallel(model: nn.Module, batches, lr: float = 0.1, group=None,
-                         loss_fn: Callable = F.mse_loss, device=None) -> dict:
-    """Train ``model`` split over the ranks of ``group`` with SGD on ``batches`` (an iterable of
-    ``(x, y)``, the same on every rank); returns this rank's ``stage``, the ``losses`` (last rank)
-    and its final part's parameters. With one rank it is ordinary training."""
-    stage = ModelParallelStage(model, group, loss_fn, device)
-    opt = torch.optim.SGD(stage.parameters(), lr=lr)
-    losses = []
-    for x, y in batches:
-        opt.zero_grad(set_to_none=True)
-        loss = stage.step(x, y)
-        opt.step()                     # each rank updates only the layers it holds
-        if loss is not None:
-            losses.append(loss)
-    return {"stage": stage, "losses": losses, "params": [p.detach().clone() for p in stage.parameters()]}
 
 
 def timeline_chart(timelines: list[list], step: int = -1, width: int = 60) -> str:

@@ -32,7 +32,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtrain_lab.comm import groups
+from dtrain_lab.comm.groups import Group
 from dtrain_lab.i18n import LabError
+from dtrain_lab.perfmodel import ring_bytes_sent
 
 __all__ = ["CopyToTP", "ReduceFromTP", "GatherFromTP", "ScatterToTP", "f", "g",
            "ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP", "TensorParallelAttention",
@@ -41,12 +44,6 @@ __all__ = ["CopyToTP", "ReduceFromTP", "GatherFromTP", "ScatterToTP", "f", "g",
 
 
 # ------------------------------------------------------------------------------------- helpers
-def _size_rank(group) -> tuple[int, int]:
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1, 0
-    return dist.get_world_size(group), dist.get_rank(group)
-
-
 def shard_range(n: int, tp: int, rank: int, what: str = "features") -> tuple[int, int]:
     """``[start, stop)`` of rank ``rank``'s equal share of ``n`` items; an uneven split is refused."""
     if tp < 1 or not 0 <= rank < tp:
@@ -57,22 +54,22 @@ def shard_range(n: int, tp: int, rank: int, what: str = "features") -> tuple[int
     return rank * size, (rank + 1) * size
 
 
-def _all_gather_last(x: torch.Tensor, group) -> torch.Tensor:
-    tp, _ = _size_rank(group)
+def _all_gather_last(x: torch.Tensor, group: Group) -> torch.Tensor:
+    tp = groups.size(group)
     parts = [torch.empty_like(x) for _ in range(tp)]
     dist.all_gather(parts, x.contiguous(), group=group)
     return torch.cat(parts, dim=-1)
 
 
-def _my_chunk_last(x: torch.Tensor, group) -> torch.Tensor:
-    tp, rank = _size_rank(group)
+def _my_chunk_last(x: torch.Tensor, group: Group) -> torch.Tensor:
+    rank, tp = groups.rank_size(group)
     lo, hi = shard_range(x.shape[-1], tp, rank, "last dimension")
     return x[..., lo:hi].contiguous()
 
 
-def gather_shards(t: torch.Tensor, dim: int, group=None) -> torch.Tensor:
+def gather_shards(t: torch.Tensor, dim: int, group: Group = None) -> torch.Tensor:
     """All-Gather every rank's shard of ``t`` and concatenate along ``dim`` (no autograd; for checks)."""
-    tp, _ = _size_rank(group)
+    tp = groups.size(group)
     if tp == 1:
         return t.detach().clone()
     parts = [torch.empty_like(t) for _ in range(tp)]
@@ -89,13 +86,13 @@ class CopyToTP(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, x, group: Group):
         ctx.group = group
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        if _size_rank(ctx.group)[0] == 1:
+        if groups.size(ctx.group) == 1:
             return grad, None
         grad = grad.contiguous().clone()      # never reduce in place into a buffer autograd shares
         dist.all_reduce(grad, group=ctx.group)
@@ -110,8 +107,8 @@ class ReduceFromTP(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, group):
-        if _size_rank(group)[0] == 1:
+    def forward(ctx, x, group: Group):
+        if groups.size(group) == 1:
             return x
         x = x.contiguous().clone()
         dist.all_reduce(x, group=group)
@@ -127,13 +124,13 @@ class GatherFromTP(torch.autograd.Function):
     (``ColumnParallelLinear(gather_output=True)``)."""
 
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, x, group: Group):
         ctx.group = group
-        return x if _size_rank(group)[0] == 1 else _all_gather_last(x, group)
+        return x if groups.size(group) == 1 else _all_gather_last(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return (grad if _size_rank(ctx.group)[0] == 1 else _my_chunk_last(grad, ctx.group)), None
+        return (grad if groups.size(ctx.group) == 1 else _my_chunk_last(grad, ctx.group)), None
 
 
 class ScatterToTP(torch.autograd.Function):
@@ -141,21 +138,21 @@ class ScatterToTP(torch.autograd.Function):
     (``RowParallelLinear(input_is_parallel=False)``)."""
 
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, x, group: Group):
         ctx.group = group
-        return x if _size_rank(group)[0] == 1 else _my_chunk_last(x, group)
+        return x if groups.size(group) == 1 else _my_chunk_last(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return (grad if _size_rank(ctx.group)[0] == 1 else _all_gather_last(grad, ctx.group)), None
+        return (grad if groups.size(ctx.group) == 1 else _all_gather_last(grad, ctx.group)), None
 
 
-def f(x: torch.Tensor, group=None) -> torch.Tensor:
+def f(x: torch.Tensor, group: Group = None) -> torch.Tensor:
     """Megatron's ``f`` (:class:`CopyToTP`)."""
     return CopyToTP.apply(x, group)
 
 
-def g(x: torch.Tensor, group=None) -> torch.Tensor:
+def g(x: torch.Tensor, group: Group = None) -> torch.Tensor:
     """Megatron's ``g`` (:class:`ReduceFromTP`)."""
     return ReduceFromTP.apply(x, group)
 
@@ -170,9 +167,9 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, gather_output: bool = False,
-                 group=None, dtype=None, device=None):
+                 group: Group = None, dtype=None, device=None):
         super().__init__()
-        tp, rank = _size_rank(group)
+        rank, tp = groups.rank_size(group)
         lo, hi = shard_range(out_features, tp, rank, "out_features")
         self.in_features, self.out_features, self.group = in_features, out_features, group
         self.gather_output, self.shard = gather_output, (lo, hi)
@@ -180,7 +177,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(hi - lo, dtype=dtype, device=device)) if bias else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group=None, *, gather_output: bool = False) -> "ColumnParallelLinear":
+    def from_linear(cls, linear: nn.Linear, group: Group = None, *, gather_output: bool = False) -> "ColumnParallelLinear":
         """This rank's share of a full ``nn.Linear`` (every rank built it with the same seed)."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, gather_output=gather_output,
                     group=group, dtype=linear.weight.dtype, device=linear.weight.device)
@@ -216,9 +213,9 @@ class RowParallelLinear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, input_is_parallel: bool = True,
-                 group=None, dtype=None, device=None):
+                 group: Group = None, dtype=None, device=None):
         super().__init__()
-        tp, rank = _size_rank(group)
+        rank, tp = groups.rank_size(group)
         lo, hi = shard_range(in_features, tp, rank, "in_features")
         self.in_features, self.out_features, self.group = in_features, out_features, group
         self.input_is_parallel, self.shard = input_is_parallel, (lo, hi)
@@ -226,7 +223,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group=None, *, input_is_parallel: bool = True) -> "RowParallelLinear":
+    def from_linear(cls, linear: nn.Linear, group: Group = None, *, input_is_parallel: bool = True) -> "RowParallelLinear":
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
                     input_is_parallel=input_is_parallel, group=group, dtype=linear.weight.dtype,
                     device=linear.weight.device)
@@ -257,7 +254,7 @@ class TensorParallelMLP(nn.Module):
         self.fc1, self.fc2, self.act = fc1, fc2, act
 
     @classmethod
-    def from_linears(cls, fc1: nn.Linear, fc2: nn.Linear, group=None, act=F.gelu) -> "TensorParallelMLP":
+    def from_linears(cls, fc1: nn.Linear, fc2: nn.Linear, group: Group = None, act=F.gelu) -> "TensorParallelMLP":
         return cls(ColumnParallelLinear.from_linear(fc1, group), RowParallelLinear.from_linear(fc2, group), act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -271,17 +268,17 @@ class TensorParallelAttention(nn.Module):
     by ``q``, ``k`` and ``v``; calling the three column layers one by one would apply ``f`` three
     times and All-Reduce ``∂L/∂x`` three times)."""
 
-    def __init__(self, q, k, v, o, n_heads: int, group=None):
+    def __init__(self, q, k, v, o, n_heads: int, group: Group = None):
         super().__init__()
-        tp, _ = _size_rank(group)
+        tp = groups.size(group)
         if n_heads % tp:
             raise LabError("tp_uneven_heads", heads=n_heads, tp=tp)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q, k, v, o
         self.n_heads, self.local_heads, self.group = n_heads, n_heads // tp, group
 
     @classmethod
-    def from_block(cls, block, group=None) -> "TensorParallelAttention":
-        tp, _ = _size_rank(group)
+    def from_block(cls, block, group: Group = None) -> "TensorParallelAttention":
+        tp = groups.size(group)
         if block.n_heads % tp:   # checked before any weight is sliced, so this message comes first
             raise LabError("tp_uneven_heads", heads=block.n_heads, tp=tp)
         col = [ColumnParallelLinear.from_linear(m, group) for m in (block.q_proj, block.k_proj, block.v_proj)]
@@ -317,7 +314,7 @@ class TensorParallelBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-def parallelize_block(block, group=None) -> TensorParallelBlock:
+def parallelize_block(block, group: Group = None) -> TensorParallelBlock:
     """This rank's :class:`TensorParallelBlock` from a full :class:`dtrain_lab.models.Block`."""
     import copy
 
@@ -359,10 +356,10 @@ def tp_comm_bytes(tokens: int, d: int, tp: int, bytes_per_elem: int = 4, allredu
     backward) of an activation ``(tokens, d)``; each rank sends ``2(tp-1)/tp`` of it per ring All-Reduce."""
     payload = tokens * d * bytes_per_elem
     return {"payload_bytes": payload, "allreduces": allreduces,
-            "sent_per_rank": allreduces * 2 * (tp - 1) / tp * payload}
+            "sent_per_rank": allreduces * ring_bytes_sent(payload, tp)}
 
 
 def dp_comm_bytes(num_params: int, dp: int, bytes_per_elem: int = 4) -> dict:
     """What data parallelism communicates for the same layer: one All-Reduce of its gradients."""
     payload = num_params * bytes_per_elem
-    return {"payload_bytes": payload, "allreduces": 1, "sent_per_rank": 2 * (dp - 1) / dp * payload}
+    return {"payload_bytes": payload, "allreduces": 1, "sent_per_rank": ring_bytes_sent(payload, dp)}
