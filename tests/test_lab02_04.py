@@ -18,6 +18,7 @@ import torch
 from conftest import ROOT, lab_programs
 from dtrain_lab.parallel.ddp import MB, DDP
 from dtrain_lab.grading import grade, grade_notebook, lab02, lab04, registry, submissions_in_notebook
+from dtrain_lab.grading.checks import lab02 as checks02, lab04 as checks04
 
 WRONG = ROOT / "tests" / "submissions"
 HAN = r"[\u4e00-\u9fff]"
@@ -32,7 +33,7 @@ EXERCISES = sorted(e.id for e in registry.all_exercises() if e.lab in ("lab_02",
 FIRST_WRONG = {
     "lab02.buckets": ("lab02/buckets_forward.py", "zh", ["注册顺序", "逆序"]),
     "lab02.sync": ("lab02/sync_per_param.py", "en", ["one all-reduce per parameter", "3 all-reduces per step"]),
-    "lab02.overlap": ("lab02/overlap_after_backward.py", "zh", ["post-accumulate-grad hook", "async_op=True"]),
+    "lab02.overlap": ("lab02/overlap_after_backward.py", "zh", ["post-accumulate-grad 钩子", "async_op=True"]),
     "lab04.sparse_allreduce": ("lab04/sparse_indices_allreduce.py", "zh", ["整数张量", "位置 7", "All-Gather"]),
     "lab04.topk_ef": ("lab04/topk_no_ef.py", "en", ["without error feedback", "add the residual"]),
 }
@@ -79,7 +80,7 @@ def test_every_exercise_has_one_cell_a_title_and_an_ignored_file():
 def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lang):
     def refuse(*a, **kw):
         raise AssertionError("a stub was launched")
-    monkeypatch.setattr(importlib.import_module("dtrain_lab.jobs.launch"), "launch", refuse)
+    monkeypatch.setattr(importlib.import_module("dtrain_lab.grading.runner"), "run", refuse)
     for ex_id in EXERCISES:
         v = grade(ex_id, submit(tmp_path, ex_id, PROGRAMS[ex_id]["learner"], f"{lang}-{ex_id}"), lang=lang)
         assert v.outcome == "error" and not v.passed and v.details.get("not_yet"), v.feedback
@@ -90,37 +91,54 @@ def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lan
 
 
 def test_reference_buckets_are_ddps():
-    """lab02.reference_buckets is the rule of dtrain_lab.parallel.ddp.DDP._build_buckets (PyTorch's), on every
-    case of the exercise and on the lab model at several caps."""
-    cases = [(lab02.case_params(c), c[2]) for c in lab02.BUCKET_CASES]
-    cases += [(lab02.case_params(lab02.BUCKET_CASES[0]), cap) for cap in (64, 100, 600, 1000, 1100, 1600)]
+    """checks.lab02.reference_buckets is the rule of dtrain_lab.parallel.ddp.DDP._build_buckets (PyTorch's), on
+    the cases of several grades and on the lab model at several caps."""
+    cases = [(lab02.case_params(sizes), cap) for seed in (0, 1, 2) for _, sizes, cap in
+             lab02.make_inputs(seed, 1)[0]["bucket_cases"]]
+    lab = lab02.case_params(lab02.LAB_SIZES)
+    cases += [(lab, cap) for cap in (64, 100, 600, 1000, 1100, 1600)]
     for params, cap in cases:
         if not params:
             continue
         stand_in = SimpleNamespace(bucket_cap_mb=cap / MB, _params=params, buckets=[],
                                    param_names=[f"p{i}" for i in range(len(params))])
         DDP._build_buckets(stand_in)
-        assert [b.params for b in stand_in.buckets] == lab02.reference_buckets(params, cap), (cap, params)
-    assert lab02.BUCKETS == [[5, 4, 3], [2], [1, 0]] and lab02.BUCKET_NUMELS == [84, 256, 144]
+        assert [b.params for b in stand_in.buckets] == checks02.reference_buckets(params, cap), (cap, params)
+    assert checks02.reference_buckets(lab, lab02.CAP_BYTES) == lab02.BUCKETS == [[5, 4, 3], [2], [1, 0]]
+    assert checks02.BUCKET_NUMELS == [84, 256, 144]
+
+
+def test_inputs_are_private_per_rank_and_per_grade():
+    """Each rank's data differs from its peers' and from one grade to the next: an answer that needs the
+    other ranks' data needs communication."""
+    for contract in (lab02, lab04):
+        a, b = contract.make_inputs(1, 3), contract.make_inputs(2, 3)
+        enc = [repr(i) for i in a]
+        assert len(set(enc)) == 3 and enc != [repr(i) for i in b]
+    assert not torch.equal(lab02.make_inputs(1, 2)[0]["x"], lab02.make_inputs(1, 2)[1]["x"])
 
 
 def test_lab04_references_by_hand_and_without_ties():
     # hand-made case, 2 ranks: rank 0 keeps 1.5 at 1 and -2.0 at 6, rank 1 keeps 0.5 at 6 and 4.0 at 3
-    inputs = [lab04._dense(*lab04.sparse_input("hand-made", r), 8) for r in range(2)]
-    avg, sent = lab04.reference_average(inputs, 2, rank=1)
+    inputs = [checks04._dense(torch.tensor(lab04.HAND_VALUES[r]), torch.tensor(lab04.HAND_INDICES[r]), 8)
+              for r in range(2)]
+    avg, sent = checks04.reference_average(inputs, 2, rank=1)
     assert avg.tolist() == [0.0, 0.75, 0.0, 2.0, 0.0, 0.0, -0.75, 0.0]
     assert torch.equal(sent, inputs[1])
     # error feedback: with a constant gradient every entry is sent sooner or later, nothing is lost
-    steps = lab04.reference_ef("hand-made", 6, 2, 4, world=2, rank=0)
+    grads = [i["ef"]["hand-made"] for i in lab04.make_inputs(3, 2)]
+    steps = checks04.reference_ef(grads, 2, rank=0)
     total_sent = sum(s["sent"] for s in steps)
     assert torch.allclose(total_sent + steps[-1]["residual"], 4 * steps[0]["grad"])
     # the k-th and (k+1)-th largest magnitudes never tie: the selection is unambiguous on every rank
-    for name, numel, k, n_steps in lab04.EF_CASES:
+    for seed in range(4):
         for world in (2, 3):
-            for rank in range(world):
-                for s in lab04.reference_ef(name, numel, k, n_steps, world, rank):
-                    m = s["input"].abs().sort(descending=True).values
-                    assert float(m[k - 1] - m[k]) > 1e-3, (name, world, rank)
+            inputs = lab04.make_inputs(seed, world)
+            for name, _, k, _ in lab04.EF_CASES:
+                for rank in range(world):
+                    for s in checks04.reference_ef([i["ef"][name] for i in inputs], k, rank):
+                        m = s["input"].abs().sort(descending=True).values
+                        assert float(m[k - 1] - m[k]) >= lab04.MIN_GAP, (name, world, rank)
 
 
 # ------------------------------------------------------------------ graded (launched)

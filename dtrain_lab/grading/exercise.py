@@ -88,6 +88,11 @@ def problem(key: str, **fields) -> dict:
     return rendered(key, **fields)
 
 
+def combine(*parts: dict, sep: str = " ") -> dict:
+    """Problems joined into one, language by language (a case's prefix and what is wrong in it)."""
+    return {lang: sep.join(p[lang] for p in parts) for lang in LANGS}
+
+
 def own_words(en: str, zh: str) -> dict:
     """A problem in an instructor's own words (hidden checks outside the course's catalogue)."""
     return dict(zip(LANGS, (str(zh), str(en))))   # LANGS is ("zh", "en")

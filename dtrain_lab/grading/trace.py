@@ -30,6 +30,7 @@ P2P = ("send", "recv", "isend", "irecv")
 # seen anyway through batch_isend_irecv, the way this course posts non-blocking pairs
 
 _installed = False
+_counts: dict[str, int] = {}
 
 
 def _describe(name: str, args, kwargs) -> dict:
@@ -65,6 +66,7 @@ def install(path: str) -> None:
     def wrap(name, fn):
         @functools.wraps(fn)
         def traced(*args, **kwargs):
+            _counts[name] = _counts.get(name, 0) + 1
             os.write(fd, (json.dumps(_describe(name, args, kwargs)) + "\n").encode())
             return fn(*args, **kwargs)
 
@@ -75,6 +77,11 @@ def install(path: str) -> None:
         fn = getattr(dist, name, None)
         if fn is not None and not getattr(fn, "__dtrain_traced__", False):
             setattr(dist, name, wrap(name, fn))
+
+
+def count(op: str) -> int | None:
+    """How many ``op`` calls this process has issued since the trace was installed (``None`` without one)."""
+    return _counts.get(op, 0) if _installed else None
 
 
 def parse(text: str) -> list[dict]:
