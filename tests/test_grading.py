@@ -141,7 +141,8 @@ def test_hidden_checks_from_an_instructor_module(tmp_path, monkeypatch):
     (tmp_path / "instructor_hidden.py").write_text(
         "from dtrain_lab.grading import add_hidden_check, own_words\n"
         "def must_be_float(run, rank, result):\n"
-        "    return [] if type(result) is float else [own_words('the result must be a Python float', '结果必须是 Python float')]\n"
+        "    text = own_words('the result must be a Python float', '结果必须是 Python float')\n"
+        "    return [] if type(result) is float else [text]\n"
         "add_hidden_check('lab10.rank_branch', must_be_float)\n")
     f = tmp_path / "tensor_result.py"
     f.write_text(GOOD.replace("return loss.item()", "return loss"))  # a 1-element tensor, not a float
