@@ -269,3 +269,22 @@ def test_csv_cells_never_start_a_formula():
     for text in ("=1+1", "+1", "-1", "@SUM(A1)", "\tx"):
         assert gradebook.csv_cell(text).startswith("'")
     assert gradebook.csv_cell("alice") == "alice"
+
+
+@pytest.mark.timeout(300)
+def test_a_class_is_refused_without_a_sandbox_unless_no_sandbox_is_given(tmp_path):
+    """Where this machine cannot sandbox (here: no bubblewrap on PATH), a class whose exercises run code is
+    not graded at all, and says why in both languages; --no-sandbox is the instructor's explicit choice."""
+    folder, out = tmp_path / "class", tmp_path / "grades"
+    folder.mkdir()
+    (folder / "alice.ipynb").write_text(notebook(["%%writefile lab10_rank_branch.py\n# YOUR CODE HERE\n"]))
+    env = {"PATH": str(tmp_path / "empty-bin"), "HOME": str(tmp_path)}
+    run = lambda *extra: subprocess.run([*CLI, "grade", str(folder), "--out", str(out), "--lang", "en", *extra],  # noqa: E731
+                                        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    r = run()
+    assert r.returncode == 2 and "cannot run the grader's sandbox" in r.stderr and "沙箱" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()
+    r = run("--no-sandbox")
+    assert r.returncode == 0, r.stderr
+    (v,) = json.loads((out / "results.json").read_text(encoding="utf-8"))["submissions"][0]["verdicts"]
+    assert v["outcome"] == "error" and "not attempted" in v["feedback"]

@@ -137,7 +137,7 @@ def scan(folder: Path, lang: str, lab: str | None = None) -> list[Item]:
     return items
 
 
-def _snapshot(items: list[Item], root: Path) -> None:
+def _snapshot(items: list[Item], root: Path, sandbox: bool | None) -> None:
     """Copy every gradable file into its own private folder before anything runs."""
     for n, item in enumerate(items):
         if item.kind == "error":
@@ -147,7 +147,7 @@ def _snapshot(items: list[Item], root: Path) -> None:
         name = "submission.ipynb" if item.kind == "notebook" else Path(item.rel).name
         (private / "in" / name).write_bytes(item.data)
         item.data = None
-        job = {"kind": item.kind, "file": f"in/{name}", "rel": item.rel, "exercises": item.exercises}
+        job = {"kind": item.kind, "file": f"in/{name}", "rel": item.rel, "exercises": item.exercises, "sandbox": sandbox}
         (private / "job.json").write_text(json.dumps(job))
         item.private = private
 
@@ -206,8 +206,11 @@ def _tail(path: Path, limit: int = 400) -> str:
 
 
 def run_class(folder: str | os.PathLike, *, jobs: int = 2, lang: str | None = None, lab: str | None = None,
-              quiet: bool = True) -> dict:
-    """Grade every file under ``folder``; returns the results (see :func:`write_results`)."""
+              quiet: bool = True, sandbox: bool | None = None) -> dict:
+    """Grade every file under ``folder``; returns the results (see :func:`write_results`).
+
+    ``sandbox=False`` (``--no-sandbox``) runs submissions without the OS sandbox; otherwise a class
+    whose exercises run code is refused as a whole (:class:`LabError`) where this machine has none."""
     from dtrain_lab.grading import registry
 
     lang = lang or get_lang()
@@ -218,10 +221,15 @@ def run_class(folder: str | os.PathLike, *, jobs: int = 2, lang: str | None = No
     lab = lab_of(lab)
     t0 = time.monotonic()
     items = scan(folder, lang, lab)
+    if sandbox is not False and any(registry.get(i).static_check is None for item in items for i in item.exercises):
+        from dtrain_lab.grading import sandbox as sandboxing
+
+        if not sandboxing.probe().ok:
+            raise LabError("class_no_sandbox", reason=sandboxing.probe().reason)
     root = Path(tempfile.mkdtemp(prefix="dtrain-class-"))
     os.chmod(root, 0o700)
     try:
-        _snapshot(items, root)
+        _snapshot(items, root, sandbox)
         interrupted = _run_workers([i for i in items if i.kind != "error" and i.exercises], jobs, lang, quiet)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -360,7 +368,7 @@ def worker(private: Path, verbose: bool = False) -> int:
                 path.write_text(sources[ex_id], encoding="utf-8")
             else:
                 path = file
-            v = grade(ex_id, path, lang=lang, quiet=not verbose)
+            v = grade(ex_id, path, lang=lang, quiet=not verbose, sandbox=job.get("sandbox"))
             rows.append(v.to_json())
         except Exception as exc:  # noqa: BLE001 - one exercise's failure never costs the others
             rows.append(error_row("class_worker_failed", lang, exercise=ex_id, max_score=ex.max_score,
@@ -385,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gradescope", metavar="OUT", help="refused for a class: see dtrain-lab autograder build")
     ap.add_argument("--lang", choices=("zh", "en"))
     ap.add_argument("--verbose", action="store_true", help="show every rank's output while grading")
+    ap.add_argument("--no-sandbox", action="store_true",
+                    help="run submissions without the OS sandbox (only for code you trust: your own)")
     args = ap.parse_args(argv)
     lang = args.lang or get_lang()
     folder = Path(args.folder)
@@ -399,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         n = sum(1 for item in scan(folder, lang, lab_of(args.lab)) if item.kind != "error")
         if n != 1:
             raise LabError("class_gradescope_many", n=n)
-    results = run_class(folder, jobs=args.jobs, lang=lang, lab=args.lab, quiet=not args.verbose)
+    results = run_class(folder, jobs=args.jobs, lang=lang, lab=args.lab, quiet=not args.verbose,
+                        sandbox=False if args.no_sandbox else None)
     json_path, csv_path = write_results(results, out)
     if args.gradescope:
         sub = next(s for s in results["submissions"] if s["kind"] != "error")
