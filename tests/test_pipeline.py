@@ -4,7 +4,8 @@ In-process: every schedule for p = 1…6 stages and m = 1…9 micro-batches is v
 number of micro-batches in flight and has the bubble of the formula; broken schedules are caught
 (deadlock, B before F, missing/duplicated actions, out-of-order messages); the executor on one
 stage equals plain training. Multi-process (two launches of ``dtrain_lab.demos.pp_run``: 2 ranks with
-m = 3, 4, and 4 ranks with m = 5 plus the ``ParallelDims`` meshes and DP × PP training): pipelined training, ours and ``torch.distributed.pipelining``'s,
+m = 3, 4, and 4 ranks with m = 5 plus the ``ParallelDims`` meshes and DP × PP training): pipelined
+training, ours and ``torch.distributed.pipelining``'s,
 ends with the same parameters as one process training the whole model on the whole batches; the
 executor really keeps min(p-s, m) (1F1B) or m (GPipe) micro-batches' activations; its recorded
 timelines respect the data dependencies across processes. No timing is asserted.

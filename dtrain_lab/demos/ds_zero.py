@@ -195,7 +195,8 @@ def main() -> None:
         # the control: DeepSpeed's clipping switched on (0.05, below this model's gradient norm) must
         # move the result away from DDP's -- the comparison above can detect a difference
         out = ds_train.train(0, o["steps"], o["seed"], clipping=o["clip_control"], **common)
-        runtime.report(clip_control={"clipping": o["clip_control"], "params_vs_ddp": ds_train.compare(out["params"], ref["params"]),
+        runtime.report(clip_control={"clipping": o["clip_control"],
+                                     "params_vs_ddp": ds_train.compare(out["params"], ref["params"]),
                                      "loss_vs_ddp": ds_train.compare(out["loss"], ref["loss"])})
         del out
     mixed = {}

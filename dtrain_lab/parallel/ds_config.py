@@ -170,4 +170,5 @@ def deepspeed_view(config: dict) -> dict:
             "fp16": bool(c.float16_config.enabled), "overlap_comm": z.overlap_comm,
             "contiguous_gradients": z.contiguous_gradients, "reduce_bucket_size": int(z.reduce_bucket_size),
             "allgather_bucket_size": int(z.allgather_bucket_size),
-            "offload_optimizer": None if z.offload_optimizer is None else str(getattr(z.offload_optimizer.device, "value", z.offload_optimizer.device))}
+            "offload_optimizer": None if z.offload_optimizer is None else
+            str(getattr(z.offload_optimizer.device, "value", z.offload_optimizer.device))}

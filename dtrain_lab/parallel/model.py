@@ -37,7 +37,7 @@ from dtrain_lab.comm import groups
 from dtrain_lab.comm.groups import Group
 from dtrain_lab.i18n import LabError
 
-__all__ = ["partition", "ModelParallelStage", "MultiDeviceModel", "train_model_parallel", "timeline_chart",
+__all__ = ["partition", "ModelParallelStage", "MultiDeviceModel", "timeline_chart",
            "busy_fraction"]
 
 

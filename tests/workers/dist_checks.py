@@ -38,7 +38,8 @@ def check_ring(rt) -> dict:
     base = torch.arange(12, dtype=torch.float32, device=rt.device).reshape(3, 4) * (rt.rank + 1)
     view = base.t()
     ring_all_reduce(view, op="avg")
-    expect = torch.arange(12, dtype=torch.float32, device=rt.device).reshape(3, 4).t() * sum(range(1, rt.world_size + 1)) / rt.world_size
+    total = sum(range(1, rt.world_size + 1))
+    expect = torch.arange(12, dtype=torch.float32, device=rt.device).reshape(3, 4).t() * total / rt.world_size
     results["noncontiguous-avg"] = float((base.t() - expect).abs().max())
     y = torch.full((6,), float(rt.rank + 1), device=rt.device)
     naive_all_reduce(y)
