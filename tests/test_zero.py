@@ -311,6 +311,8 @@ def test_bad_input_gives_clear_errors():
         ShardedOptimizer([], torch.optim.Adam)
     with pytest.raises(LabError):
         ShardedOptimizer([{"lr": 0.1}], torch.optim.Adam)
+    with pytest.raises(LabError):
+        ShardedOptimizer(["weights"], torch.optim.Adam)
     w = nn.Parameter(torch.ones(3))
     with pytest.raises(LabError):
         ShardedOptimizer([w, w], torch.optim.Adam)

@@ -15,7 +15,7 @@ Rows (``--only`` names in brackets):
 * ``ring_vs_all_reduce``, ``busbw`` [collectives] — :mod:`~dtrain_lab.bench.collectives`: our
   send/recv ring all-reduce against gloo's, per size (paired blocks); gloo's bus bandwidth.
 * ``ddp_step_time`` [ddp] — ``dtrain_lab.demos.ddp_step_time``: our DDP / PyTorch's, same run;
-  ``ddp_overlap`` [ddp] — :mod:`~dtrain_lab.bench.ddp_overlap`: a model of ~14 buckets, overlap on
+  ``ddp_overlap`` [ddp] — :mod:`~dtrain_lab.bench.ddp_overlap`: a model of 13 buckets, overlap on
   and off, with the compute and the communication each timed alone.
 * ``compression`` [compression] — bytes and final loss of compressed all-reduces / uncompressed.
 * ``zero_memory`` [zero] — :mod:`~dtrain_lab.bench.memory`: the peak of live tensor bytes on a rank

@@ -108,7 +108,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise LabError("zero_opt_bad_params", what="ShardedOptimizer")
         ps = param_group["params"]
         ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
-        tensors = [p[1] if isinstance(p, tuple) else p for p in ps]
+        tensors = [p[1] if isinstance(p, tuple) and len(p) == 2 else p for p in ps]
+        if not all(isinstance(t, torch.Tensor) for t in tensors):
+            raise LabError("zero_opt_bad_params", what="ShardedOptimizer")
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         if len({id(t) for t in tensors}) != len(tensors) or seen & {id(t) for t in tensors}:
             raise LabError("zero_opt_shared_params", what="ShardedOptimizer")
