@@ -19,7 +19,7 @@ MAX_LINES = 500
 
 LAYERS = {
     "base": {"comm", "models", "data", "perfmodel", "i18n"},
-    "technique": {"parallel", "resilience", "nccl"},
+    "technique": {"parallel", "resilience", "nccl", "planner"},
     "jobs": {"jobs"},
     "course": {"cli", "viz", "bench", "demos", "grading", "authoring"},
 }

@@ -72,7 +72,7 @@ def _loop_moe(moe, x):
         for j in range(moe.top_k):
             if r.keep[i, j]:
                 e = int(r.expert[i, j])
-                acc = acc + r.gate[i, j] * (F.gelu(x[i] @ moe.w1[e]) @ moe.w2[e])
+                acc = acc + r.gate[i, j] * ((F.silu(x[i] @ moe.w1[e]) * (x[i] @ moe.w3[e])) @ moe.w2[e])
         rows.append(acc)
     return torch.stack(rows), load_balancing_loss(r)
 
@@ -128,7 +128,7 @@ def test_expert_parallel_equals_one_process(results, n):
     ms = r.metrics
     assert sorted(ms) == list(range(n))
     for rank, m in ms.items():
-        for key in ("out", "aux", "x", "w1", "w2", "router"):
+        for key in ("out", "aux", "x", "w1", "w2", "w3", "router"):
             assert m[key] < TOL, (rank, key, m[key])
         assert m["grad_scale"] > 0.1
         assert len(m["sent"]) == n and sum(m["sent"]) == m["kept"]

@@ -11,6 +11,11 @@ touching ``torch.distributed``::
 
 Bytes are the payload of each call: the tensor given to it (for all_to_all the whole input buffer,
 for send/recv the message). Used by the lesson-13 demos and the planner's validation run.
+
+:func:`by_dimension` attributes each call to a parallel dimension: the library wraps its own calls in
+``torch.profiler.record_function("dtrain:<dim>")`` (ring attention ``cp``, MoE ``ep``, gradient
+sync ``dp``/``edp``); a call outside any such range is tensor parallelism's All-Reduce (lesson 07's
+``f``/``g``) or the pipeline executor's send/recv.
 """
 from __future__ import annotations
 
@@ -22,20 +27,30 @@ _DTYPE_BYTES = {"float": 4, "double": 8, "long int": 8, "int": 4, "c10::Half": 2
 _BACKENDS = ("gloo:", "nccl:")
 
 
+_DEFAULT_DIM = {"all_reduce": "tp", "send": "pp", "recv": "pp"}
+
+
 @contextlib.contextmanager
-def counted():
-    """Profile the block; afterwards the yielded dict maps each backend op to ``{"calls", "bytes"}``."""
+def counted(by_dim: bool = False):
+    """Profile the block; afterwards the yielded dict maps each backend op to ``{"calls", "bytes"}``
+    (``by_dim``: ``{dim: {op: {"calls", "bytes"}}}``, see :func:`by_dimension`)."""
     from torch.profiler import ProfilerActivity, profile
 
     out: dict = {}
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         yield out
-    for e in prof.events():
+    events = list(prof.events())
+    labels = [(e.time_range.start, e.time_range.end, e.name[7:]) for e in events if e.name.startswith("dtrain:")]
+    for e in events:
         if not e.name.startswith(_BACKENDS):
             continue
         op = e.name.split(":", 1)[1]
         shape = e.input_shapes[0] if e.input_shapes else []
         dtype = e.input_dtypes[0] if e.input_dtypes else "float"
-        entry = out.setdefault(op, {"calls": 0, "bytes": 0})
+        table = out
+        if by_dim:   # gloo runs collectives on its own threads: match by time, not by thread
+            inside = [(a, lab) for a, b, lab in labels if a <= e.time_range.start <= b]
+            table = out.setdefault(max(inside)[1] if inside else _DEFAULT_DIM.get(op, op), {})   # innermost
+        entry = table.setdefault(op, {"calls": 0, "bytes": 0})
         entry["calls"] += 1
         entry["bytes"] += math.prod(shape) * _DTYPE_BYTES.get(dtype, 4)

@@ -59,6 +59,7 @@ def main() -> None:
         out=(y - ys[r][0]).abs().max().item(), aux=abs(aux.item() - ys[r][1].item()),
         x=(x.grad - xs[r].grad).abs().max().item(),
         w1=(moe.w1.grad - ref.w1.grad[mine]).abs().max().item(), w2=(moe.w2.grad - ref.w2.grad[mine]).abs().max().item(),
+        w3=(moe.w3.grad - ref.w3.grad[mine]).abs().max().item(),
         router=(router_grad - ref.router.weight.grad).abs().max().item(),
         grad_scale=ref.w1.grad.abs().max().item(), **stats, comm=comm, debug_counts=counts,
         formula=moe_comm_bytes(stats["kept"], D, p, E, bytes_per_elem=8, received=sum(stats["received"]),

@@ -85,7 +85,7 @@ def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None) -> Ro
 def load_balancing_loss(routing: Routing) -> torch.Tensor:
     """Switch Transformer's auxiliary loss ``E · Σ_i f_i · P_i`` (f from all assignments, kept or not)."""
     e = routing.probs.shape[-1]
-    f = torch.bincount(routing.expert.reshape(-1), minlength=e).to(routing.probs.dtype) / routing.expert.numel()
+    f = F.one_hot(routing.expert.reshape(-1), e).sum(0).to(routing.probs.dtype) / routing.expert.numel()
     return e * (f * routing.probs.mean(0)).sum()
 
 
@@ -116,7 +116,8 @@ def all_to_all(x: torch.Tensor, send_splits: list[int], recv_splits: list[int], 
 
 
 class MoE(nn.Module):
-    """An MoE layer with ``n_experts`` GELU MLPs (``d → hidden → d``), top-k routing and a capacity;
+    """An MoE layer with ``n_experts`` SwiGLU MLPs (``silu(x W1) ∘ (x W3) → W2``, as in Mixtral), top-k
+    routing and a capacity;
     this rank holds experts ``[rank · E/ep, (rank+1) · E/ep)`` of ``group`` (all of them with one rank).
 
     ``forward(x)`` takes ``(..., d)`` tokens and returns ``(y, aux_loss)``; ``last_stats`` then holds
@@ -137,49 +138,80 @@ class MoE(nn.Module):
         with seeded(seed):        # the same full initialisation on every rank; each keeps its slice
             router = nn.Linear(d, n_experts, bias=False)
             w1 = torch.randn(n_experts, d, hidden) / math.sqrt(d)
+            w3 = torch.randn(n_experts, d, hidden) / math.sqrt(d)
             w2 = torch.randn(n_experts, hidden, d) / math.sqrt(hidden)
         self.router = router
-        self.w1 = nn.Parameter(w1[self.first:self.first + self.local].clone())   # (E/ep, d, hidden)
-        self.w2 = nn.Parameter(w2[self.first:self.first + self.local].clone())   # (E/ep, hidden, d)
+        mine = slice(self.first, self.first + self.local)
+        self.w1 = nn.Parameter(w1[mine].clone())   # (E/ep, d, hidden)
+        self.w3 = nn.Parameter(w3[mine].clone())   # (E/ep, d, hidden)
+        self.w2 = nn.Parameter(w2[mine].clone())   # (E/ep, hidden, d)
+        self.balanced = False
         self.last_stats: dict = {}
 
     def experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Local expert ``i`` on the next ``counts[i]`` rows of ``x`` (rows grouped by local expert)."""
-        outs = [F.gelu(chunk @ self.w1[i]) @ self.w2[i] for i, chunk in enumerate(torch.split(x, counts))]
+        outs = [(F.silu(chunk @ self.w1[i]) * (chunk @ self.w3[i])) @ self.w2[i]
+                for i, chunk in enumerate(torch.split(x, counts))]
         return torch.cat(outs) if outs else x
+
+    def _learned(self, logits: torch.Tensor):
+        """The router's top-k with capacity: kept assignments sorted by expert (token order inside one)."""
+        r = route(logits, self.top_k, self.capacity_factor)
+        tok = torch.arange(logits.shape[0], device=logits.device).unsqueeze(1).expand_as(r.expert)[r.keep]
+        slot_expert, slot_gate = r.expert[r.keep], r.gate[r.keep]
+        order = torch.sort(slot_expert, stable=True).indices
+        per_expert = torch.bincount(slot_expert, minlength=self.n_experts).tolist()
+        return tok[order], slot_gate[order], per_expert, load_balancing_loss(r), r.dropped, r.capacity
+
+    def _balanced(self, logits: torch.Tensor):
+        """Planning routing (``self.balanced = True``): the router runs as usual (its softmax, top-k and
+        loss), but assignment ``i = t·k + j`` of token ``t`` goes to expert ``i mod E``, every expert
+        getting its even share (up to the capacity), with the router's probability of that expert as
+        gate. The assignment depends on no data, so it also runs on fake tensors: the planner's dry run
+        uses it, as the balanced routing a plan assumes."""
+        r = route(logits, self.top_k, self.capacity_factor)
+        t, k, e = logits.shape[0], self.top_k, self.n_experts
+        kept = [list(range(ex, t * k, e))[:r.capacity] for ex in range(e)]     # assignment ids, by expert
+        ids = [i for ex in kept for i in ex]
+        tok = torch.tensor([i // k for i in ids], dtype=torch.long, device=logits.device)
+        expert = torch.tensor([i % e for i in ids], dtype=torch.long, device=logits.device)
+        return tok, r.probs[tok, expert], [len(ex) for ex in kept], load_balancing_loss(r), t * k - len(ids), \
+            r.capacity
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = x.shape
         x = x.reshape(-1, self.d)                                         # (T, d)
-        r = route(self.router(x), self.top_k, self.capacity_factor)
-        aux = load_balancing_loss(r)
-        # the kept assignments, sorted by expert (stable: token order inside an expert)
-        tok = torch.arange(x.shape[0], device=x.device).unsqueeze(1).expand_as(r.expert)[r.keep]
-        slot_expert, slot_gate = r.expert[r.keep], r.gate[r.keep]
-        order = torch.sort(slot_expert, stable=True).indices
-        tok, slot_expert, slot_gate = tok[order], slot_expert[order], slot_gate[order]
-        per_expert = torch.bincount(slot_expert, minlength=self.n_experts)          # (E,)
-        send = per_expert.view(self.ep, self.local).sum(1).tolist()                # rows to each rank
-        # 1) counts: recv_counts[src, i] = rows rank src sends to my local expert i
-        recv_counts = per_expert.view(self.ep, self.local)
-        if self.ep > 1:
-            recv_counts = torch.empty_like(recv_counts)
+        tok, slot_gate, per_expert, aux, dropped, cap = (self._balanced if self.balanced else self._learned)(
+            self.router(x))
+        ep, local = self.ep, self.local
+        send = [sum(per_expert[i * local:(i + 1) * local]) for i in range(ep)]   # rows to each rank
+        # 1) counts: rc[src][i] = rows rank src sends to my local expert i
+        rc = [per_expert[self.first:self.first + local]]
+        if ep > 1:
+            counts = torch.tensor(per_expert, dtype=torch.long, device=x.device).view(ep, local)
+            recv_counts = torch.empty_like(counts)
             with torch.profiler.record_function("dtrain:ep"):
-                dist.all_to_all_single(recv_counts, per_expert.view(self.ep, self.local).contiguous(),
-                                       group=self.group)
-        recv = recv_counts.sum(1).tolist()
+                dist.all_to_all_single(recv_counts, counts, group=self.group)
+            # balanced routing: every rank sends the same counts (a fake tensor has no values to read)
+            rc = [rc[0]] * ep if self.balanced else recv_counts.tolist()
+        recv = [sum(row) for row in rc]
         # 2) dispatch: token rows to the ranks of their experts
         got = all_to_all(x[tok], send, recv, self.group)                   # (Σ recv, d), source-major
         # regroup source-major → expert-major, run the experts, and back
-        src_major = torch.repeat_interleave(torch.arange(self.ep * self.local, device=x.device) % self.local,
-                                            recv_counts.reshape(-1))
-        by_expert = torch.sort(src_major, stable=True).indices
-        out = self.experts(got[by_expert], recv_counts.sum(0).tolist())[torch.argsort(by_expert)]
+        starts = [[0] * local for _ in range(ep)]
+        pos = 0
+        for src in range(ep):
+            for i in range(local):
+                starts[src][i], pos = pos, pos + rc[src][i]
+        by_expert = torch.tensor([starts[src][i] + n for i in range(local) for src in range(ep)
+                                  for n in range(rc[src][i])], dtype=torch.long, device=x.device)
+        out = self.experts(got[by_expert], [sum(rc[src][i] for src in range(ep)) for i in range(local)])
+        out = out[torch.argsort(by_expert)]
         # 3) combine: results back to the tokens' ranks, weighted by the gates, summed over slots
         back = all_to_all(out, recv, send, self.group)                      # (Σ send, d), my sorted order
         y = torch.zeros_like(x).index_add(0, tok, back * slot_gate.unsqueeze(1))
-        self.last_stats = {"dropped": r.dropped, "capacity": r.capacity, "sent": send, "received": recv,
-                           "kept": int(r.keep.sum())}
+        self.last_stats = {"dropped": dropped, "capacity": cap, "sent": send, "received": recv,
+                           "kept": sum(per_expert)}
         return y.reshape(shape), aux
 
 

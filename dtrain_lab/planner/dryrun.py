@@ -1,0 +1,135 @@
+"""The planner's dry run: one rank of a large job, in this process, with nothing allocated.
+
+* A **fake process group** (``init_process_group("fake", store=FakeStore(), rank, world_size)``,
+  from ``torch.testing._internal.distributed.fake_pg``; torch 2.13 ships ``FakeProcessGroup`` in
+  ``torch._C._distributed_c10d``) makes this process rank ``rank`` of ``world_size``: groups can be
+  created and collectives called; they move nothing.
+* The rank's blocks are built on the **meta device** (shapes, no storage) by the very class the real
+  runs use, :class:`dtrain_lab.parallel.compose.ParallelBlock`: its parameter count per rank is
+  exact, whatever the model size.
+* One block of each kind (dense, MoE) runs forward and backward under **FakeTensorMode**: every
+  tensor has a shape and a dtype but no data. A ``saved_tensors_hooks`` pair records what autograd
+  keeps for backward — the block's activation bytes per micro-batch — and ``CommDebugMode`` counts
+  the collectives the fake process group was asked for (TP's All-Reduces, EP's All-to-Alls). MoE
+  blocks route with the data-independent balanced routing (``MoE.balanced``), the assumption a plan
+  makes.
+
+torchtitan estimates memory the same way (FakeTensorMode, a fake process group and its
+``FSDPMemTracker``). torch's ``RuntimeEstimator`` needs CUDA, so time comes from our own model
+(:mod:`dtrain_lab.planner.core`).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from dtrain_lab.i18n import LabError
+from dtrain_lab.parallel.compose import ModelConfig, ParallelBlock, is_moe_layer
+from dtrain_lab.parallel.dims import ParallelDims
+from dtrain_lab.parallel.expert import MoE
+from dtrain_lab.planner.memtrack import PeakMemory
+
+__all__ = ["fake_world", "measure_blocks"]
+
+
+@contextlib.contextmanager
+def fake_world(dims: ParallelDims, rank: int):
+    """This process as ``rank`` of a fake ``dims.world_size``-rank job; yields ``{dim: group}`` for the
+    groups of ``rank`` (only these are created: with a fake backend nobody else has to take part)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise LabError("plan_in_job")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
+    try:
+        yield {dim: dist.new_group(dims.group_of(rank, dim)) for dim in ("tp", "cp", "ep")}
+    finally:
+        dist.destroy_process_group()
+
+
+def _key(t: torch.Tensor) -> tuple:
+    # the identity of a tensor's data; a fake tensor has a storage object but no address
+    return (t.untyped_storage()._cdata, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+
+@functools.lru_cache(maxsize=64)        # the same layout planned again (a widget, act_ckpt on and off)
+def measure_blocks(cfg: ModelConfig, dims: ParallelDims, rank: int, tokens: tuple[int, int], dtype,
+                   run: bool = True) -> dict:
+    """For ``rank``: parameters of one dense and one MoE block (``dense``/``expert`` numel), and (with
+    ``run``) for each kind the activation bytes one micro-batch of ``tokens = (micro_batch, seq_len /
+    cp)`` leaves saved for backward — plain (``activation_bytes``) and with the block checkpointed
+    (``activation_bytes_ckpt``, ``torch.utils.checkpoint``) — and the collectives of one forward and
+    backward (CommDebugMode's names; p2p is not among what it counts)."""
+    kinds = {}
+    for layer in range(cfg.n_layers):
+        kinds.setdefault("moe" if is_moe_layer(cfg, layer) else "dense", layer)
+    out = {}
+    with fake_world(dims, rank) as g:
+        for kind, layer in kinds.items():
+            block = ParallelBlock(cfg, layer, tp=g["tp"], cp=g["cp"], ep=g["ep"], device="meta")
+            expert_ids = {id(p) for m in block.modules() if isinstance(m, MoE) for p in (m.w1, m.w3, m.w2)}
+            params = {"dense": sum(p.numel() for p in block.parameters() if id(p) not in expert_ids),
+                      "expert": sum(p.numel() for p in block.parameters() if id(p) in expert_ids)}
+            out[kind] = {"params": params}
+            if not run:
+                continue
+            # the first block of a model without embedding gets data that needs no gradient: it saves less
+            inputs = (True, False) if layer == 0 and not cfg.vocab else (True,)
+            for ckpt in (False, True):
+                for input_grad in inputs:
+                    block = ParallelBlock(cfg, layer, tp=g["tp"], cp=g["cp"], ep=g["ep"], device="meta")
+                    for m in block.modules():     # a fresh meta block for each pass
+                        if isinstance(m, MoE):
+                            m.balanced = True
+                    out[kind].update(_fake_pass(block, cfg, tokens, dtype, ckpt, input_grad))
+    return out
+
+
+def _fake_pass(block, cfg: ModelConfig, tokens, dtype, ckpt: bool, input_grad: bool = True) -> dict:
+    """One forward and backward of ``block`` on fake tensors: the bytes autograd saved (each tensor
+    once, parameters excluded) and the collectives CommDebugMode counted."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.utils.checkpoint import checkpoint
+
+    saved: dict = {}
+    block = block.to(dtype)                                     # still on the meta device
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        block = block.to_empty(device="cpu")
+        own = {p.untyped_storage()._cdata for p in block.parameters()}   # parameters and their views
+        x = torch.empty(tokens[0], tokens[1], cfg.d_model, dtype=dtype, requires_grad=input_grad)
+
+        storages: dict = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st._cdata not in own:
+                saved[_key(t)] = t.numel() * t.element_size()     # a view is counted by its own bytes
+                storages[st._cdata] = st.nbytes()                 # memory: each storage once
+            return t
+
+        transient = 0
+        for it in range(2):           # the second pass finds last pass's gradients and accumulates into them
+            saved.clear()
+            storages.clear()
+            with CommDebugMode() as cdm, PeakMemory(block) as mem:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    y = checkpoint(block, x, use_reentrant=False) if ckpt else block(x)
+                saved_end = mem.now           # what the forward left alive: gradients, saved tensors, y
+                with warnings.catch_warnings():   # CommDebugMode's module hooks, when x needs no gradient
+                    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                    y.backward(torch.empty_like(y))
+                del y
+            transient = max(transient, mem.peak - saved_end)
+            peak = mem.peak - mem.start                       # the block's own high-water mark
+    counts = {str(k).split(".")[-1]: v for k, v in cdm.get_comm_counts().items()}
+    suffix = ("_ckpt" if ckpt else "") + ("" if input_grad else "_first")
+    # transient: the most the block holds beyond what the forward left alive (the largest temporary
+    # of its forward or backward, the output's gradient, a new gradient before it is added to .grad)
+    return {"activation_bytes" + suffix: sum(saved.values()), "collectives" + suffix: counts,
+            "transient_bytes" + suffix: max(0, transient), "saved_storage_bytes" + suffix: sum(storages.values()),
+            "peak_bytes" + suffix: peak}
