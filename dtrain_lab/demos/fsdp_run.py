@@ -14,8 +14,11 @@ bf16 mixed precision, and model-state bytes against the ZeRO formula (lesson on 
   reports this rank's counted model-state bytes and :func:`dtrain_lab.perfmodel.zero_memory`'s
   prediction for stage 3, fp32.
 * ``zero`` — the same for ``dtrain_lab.parallel.zero`` (stages 1, 2: ``ShardedOptimizer``; 3: ``ZeroStage3``)
-  against ``zero_memory(stage, precision="fp32")``; reports ``zero_error`` instead if that module is
-  missing or fails.
+  against ``zero_memory(stage, precision="fp32")``.
+
+These count the model states a rank keeps between steps. What a rank holds at its *peak* (full
+gradients before a reduce, gathered units, communication buffers) is the bench's ``zero_memory`` row
+(:mod:`dtrain_lab.bench.memory`).
 
 The equivalence check has one stated exception: the key projection's bias gets a gradient that is
 zero in exact arithmetic (softmax ignores a constant added to a row of scores), i.e. rounding noise,
@@ -36,6 +39,7 @@ from dtrain_lab.parallel.fsdp import (PARTIAL_SUFFIX, checkpoint_complete, full_
                              save_checkpoint, shard_model, sharded_state_bytes)
 from dtrain_lab.i18n import LabError
 from dtrain_lab.models import MLP, TinyTransformer, count_params
+from dtrain_lab.parallel.zero import ShardedOptimizer, ZeroStage3
 from dtrain_lab.perfmodel import zero_memory
 
 CFG = dict(vocab=32, d=32, n_heads=2, n_layers=2, max_len=8)
@@ -232,37 +236,27 @@ def memory_section(rt) -> None:
 
 
 def zero_section(rt) -> None:
-    """The same measurement for dtrain_lab.parallel.zero (ZeRO 1 and 2: ShardedOptimizer, 3: ZeroStage3), if
-    that module is there and works; otherwise reports why (``zero_error``)."""
-    try:
-        from dtrain_lab.parallel.zero import ShardedOptimizer, ZeroStage3
-    except Exception as exc:  # noqa: BLE001 - reported, not fatal: the FSDP rows stand alone
-        runtime.report(zero_error=f"dtrain_lab.parallel.zero not importable: {type(exc).__name__}: {exc}")
-        return
+    """The same measurement for dtrain_lab.parallel.zero (ZeRO 1 and 2: ShardedOptimizer, 3: ZeroStage3)."""
     g = torch.Generator().manual_seed(rt.rank)
     x = torch.randn(8, MEMORY_MLP["d_in"], generator=g).to(rt.device)
     rows = {}
-    try:
-        for stage in (1, 2, 3):
-            model = MLP(**MEMORY_MLP, seed=0).to(rt.device)
-            n = count_params(model)
-            if stage < 3:
-                opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, stage=stage, lr=1e-3)
-                fwd = model
-            else:
-                opt = ZeroStage3(model, torch.optim.Adam, lr=1e-3)
-                fwd = opt.module
-            fwd(x).square().mean().backward()
-            opt.step()
-            held = {k: int(v) for k, v in opt.state_bytes().items()}
-            pred = zero_memory(n, stage, rt.world_size, precision="fp32")
-            measured = sum(held.values())
-            rows[str(stage)] = {"num_params": n, "measured": held, "measured_total": measured, "predicted": pred,
-                                "ratio": measured / pred["total"]}
-            del model, opt, fwd
-    except Exception as exc:  # noqa: BLE001
-        runtime.report(zero=rows, zero_error=f"dtrain_lab.parallel.zero failed: {type(exc).__name__}: {exc}")
-        return
+    for stage in (1, 2, 3):
+        model = MLP(**MEMORY_MLP, seed=0).to(rt.device)
+        n = count_params(model)
+        if stage < 3:
+            opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, stage=stage, lr=1e-3)
+            fwd = model
+        else:
+            opt = ZeroStage3(model, torch.optim.Adam, lr=1e-3)
+            fwd = opt.module
+        fwd(x).square().mean().backward()
+        opt.step()
+        held = {k: int(v) for k, v in opt.state_bytes().items()}
+        pred = zero_memory(n, stage, rt.world_size, precision="fp32")
+        measured = sum(held.values())
+        rows[str(stage)] = {"num_params": n, "measured": held, "measured_total": measured, "predicted": pred,
+                            "ratio": measured / pred["total"]}
+        del model, opt, fwd
     runtime.report(zero=rows)
 
 
