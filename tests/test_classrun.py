@@ -120,23 +120,25 @@ def test_every_file_gets_a_row_and_no_attack_scores(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_gradescope_output_refuses_a_class(tmp_path):
+def test_gradescope_output_refuses_a_class(tmp_path, capsys):
     """Group 6: a folder's results are never one Gradescope results.json (no identity, the class total as
     the score): more than one submission is refused, with the way to the autograder zip."""
+    from dtrain_lab import cli
+
     folder = tmp_path / "class"
     folder.mkdir()
     stub = notebook(["%%writefile lab10_rank_branch.py\n# YOUR CODE HERE\n"])
     (folder / "alice.ipynb").write_text(stub)
     (folder / "bob.ipynb").write_text(stub)
     gs = tmp_path / "results.json"
-    r = run_cli(folder, "--gradescope", gs, "--out", tmp_path / "grades")
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "autograder build" in r.stderr and "Traceback" not in r.stderr
+    args = ["grade", str(folder), "--gradescope", str(gs), "--out", str(tmp_path / "grades"), "--lang", "en"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "autograder build" in err and "Traceback" not in err
     assert not gs.exists() and not (tmp_path / "grades").exists()
     # one submission: that student's own results.json, in Gradescope's format
     (folder / "bob.ipynb").unlink()
-    r = run_cli(folder, "--gradescope", gs, "--out", tmp_path / "grades")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert cli.main(args) == 0, capsys.readouterr()
     doc = json.loads(gs.read_text(encoding="utf-8"))
     assert doc["score"] == 0 and [t["extra_data"]["exercise"] for t in doc["tests"]] == ["lab10.rank_branch"]
     assert doc["tests"][0]["status"] == "failed" and "not attempted" in doc["tests"][0]["output"]
@@ -272,19 +274,21 @@ def test_csv_cells_never_start_a_formula():
 
 
 @pytest.mark.timeout(300)
-def test_a_class_is_refused_without_a_sandbox_unless_no_sandbox_is_given(tmp_path):
-    """Where this machine cannot sandbox (here: no bubblewrap on PATH), a class whose exercises run code is
-    not graded at all, and says why in both languages; --no-sandbox is the instructor's explicit choice."""
+def test_a_class_is_refused_without_a_sandbox_unless_no_sandbox_is_given(tmp_path, capsys, monkeypatch):
+    """Where this machine cannot sandbox, a class whose exercises run code is not graded at all, and says
+    why in both languages; --no-sandbox is the instructor's explicit choice."""
+    from dtrain_lab import cli
+    from dtrain_lab.grading import sandbox
+
     folder, out = tmp_path / "class", tmp_path / "grades"
     folder.mkdir()
     (folder / "alice.ipynb").write_text(notebook(["%%writefile lab10_rank_branch.py\n# YOUR CODE HERE\n"]))
-    env = {"PATH": str(tmp_path / "empty-bin"), "HOME": str(tmp_path)}
-    run = lambda *extra: subprocess.run([*CLI, "grade", str(folder), "--out", str(out), "--lang", "en", *extra],  # noqa: E731
-                                        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    r = run()
-    assert r.returncode == 2 and "cannot run the grader's sandbox" in r.stderr and "沙箱" in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr and not out.exists()
-    r = run("--no-sandbox")
-    assert r.returncode == 0, r.stderr
+    monkeypatch.setattr(sandbox, "probe", lambda: sandbox.Probe(False, None, "bubblewrap (bwrap) is not installed"))
+    args = ["grade", str(folder), "--out", str(out), "--lang", "en"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "cannot run the grader's sandbox" in err and "沙箱" in err and "Traceback" not in err, err
+    assert not out.exists()
+    assert cli.main(args + ["--no-sandbox"]) == 0
     (v,) = json.loads((out / "results.json").read_text(encoding="utf-8"))["submissions"][0]["verdicts"]
     assert v["outcome"] == "error" and "not attempted" in v["feedback"]
