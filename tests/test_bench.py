@@ -120,6 +120,9 @@ def test_table_renders_every_row(lang):
          "points": [{"schedule": "1f1b", "m": 4, "ratio": 1.05, "measured": 0.21, "formula": 0.2}]},
         {"name": "pipeline_activations", "m": 4, "stages": [{"stage": 0, "ratio": 0.5, "1f1b_bytes": 10,
                                                              "gpipe_bytes": 20, "formula": 0.5}]},
+        {"name": "plan_memory", "nproc": 4, "target": 0.05, "layouts": {"tp2dp2": {
+            "worst_ratio": 1.02, "ranks": [{"rank": 0, "ratio": 1.01, "measured": 101, "predicted": 100},
+                                           {"rank": 3, "ratio": 1.02, "measured": 102, "predicted": 100}]}}},
     ]
     before = i18n.get_lang()
     try:
@@ -129,7 +132,7 @@ def test_table_renders_every_row(lang):
         i18n.set_lang(before)
     lines = text.splitlines()
     assert lines[0] == i18n.tr("bench_head", lang)
-    assert len(lines) == 2 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + len(ZERO_NOTES) + 1 + 1
+    assert len(lines) == 2 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + len(ZERO_NOTES) + 1 + 1 + 1
     assert all(line.startswith("|") and line.endswith("|") for line in lines)
     for key in ZERO_NOTES.values():
         assert i18n.tr(key, lang) in text

@@ -23,6 +23,8 @@ Rows (``--only`` names in brackets):
   FSDP2, against the paper's formula, each difference explained.
 * ``pipeline_bubble``, ``pipeline_activations`` [pipeline] — measured idle fraction and activation
   bytes of 2 pipeline stages against the formulas.
+* ``plan_memory`` [plan] — :mod:`~dtrain_lab.bench.plan_memory`: the planner's predicted peak per
+  rank against a 4-rank run of the same layouts.
 * ``restart_reliability`` [restarts] — :mod:`~dtrain_lab.bench.restarts`: clean resumes out of N
   trials per way of starting the process group: counts.
 

@@ -12,12 +12,13 @@ from pathlib import Path
 from dtrain_lab.bench.collectives import collectives
 from dtrain_lab.bench.ddp_overlap import ddp_overlap_row
 from dtrain_lab.bench.memory import zero_memory_row
+from dtrain_lab.bench.plan_memory import plan_memory_row
 from dtrain_lab.bench.restarts import restart_reliability
 from dtrain_lab.bench.rows import compression, launch_overhead, pipeline_rows
 from dtrain_lab.bench.table import table
 from dtrain_lab.i18n import tr
 
-ROWS = ("launch", "collectives", "ddp", "compression", "zero", "pipeline", "restarts")
+ROWS = ("launch", "collectives", "ddp", "compression", "zero", "pipeline", "plan", "restarts")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(zero_memory_row())
     if want("pipeline"):
         rows.extend(pipeline_rows())
+    if want("plan"):
+        rows.append(plan_memory_row())
     if want("restarts"):
         rows.append(restart_reliability(trials=3 if args.quick else 10))
     import torch

@@ -77,6 +77,12 @@ def table(rows: list[dict]) -> str:
             for st in row["stages"]:
                 out.append(tr("bench_activations", stage=st["stage"], ratio=_x(st["ratio"], 3),
                               ours=st["1f1b_bytes"], gpipe=st["gpipe_bytes"], formula=f"{st['formula']:.3f}", m=row["m"]))
+        elif name == "plan_memory":
+            for layout, v in row["layouts"].items():
+                worst = max(v["ranks"], key=lambda x: abs(x["ratio"] - 1))
+                out.append(tr("bench_plan_memory", layout=layout, ratio=_x(v["worst_ratio"], 3), rank=worst["rank"],
+                              measured=human_bytes(worst["measured"]), predicted=human_bytes(worst["predicted"]),
+                              target=f"{row['target']:.0%}", nproc=row["nproc"]))
         elif name == "restart_reliability":
             for mode, c in row["modes"].items():
                 out.append(tr("bench_restart", mode=mode, clean=c["clean"], trials=row["trials"],
