@@ -101,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--only", default="", help=i18n.tr("cli_bench_only_help"))
     sub.add_parser("doctor", help=i18n.tr("cli_doctor_help"))
     sub.add_parser("cluster", help=i18n.tr("cli_cluster_help"))
+    sub.add_parser("plan", help=i18n.tr("cli_plan_help"))
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plan"] or argv[2:3] == ["plan"] and argv[0] == "--lang":
+        # dtrain-lab plan --model M --world-size N --tp … [--json] (dtrain_lab.planner.cli)
+        from dtrain_lab.planner.cli import main as plan_main
+
+        return plan_main(argv[argv.index("plan") + 1:] + (argv[:2] if argv[0] == "--lang" else []))
     for i in (0, 2):   # ``dtrain-lab [--lang L] doctor ...`` is ``nccl doctor``
         if argv[i:i + 1] == ["doctor"] and (i == 0 or argv[0] == "--lang"):
             argv[i:i + 1] = ["nccl", "doctor"]

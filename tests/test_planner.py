@@ -96,6 +96,29 @@ def test_bad_layouts_say_what_to_change(kwargs, words):
         plan("gpt-5", world_size=8)
 
 
+def test_cli_help_json_and_errors(capsys):
+    from dtrain_lab.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = capsys.readouterr().out
+    for opt in ("--world-size", "--dp", "--tp", "--pp", "--cp", "--ep", "--zero", "--model", "--nvlink-gbps",
+                "--network-gbps", "--json", "--lang"):
+        assert opt in text, opt
+    with pytest.raises(SystemExit):
+        main(["--lang", "zh", "plan", "--help"])
+    assert "张量并行度" in capsys.readouterr().out
+    assert main(["plan", "--model", "tiny-dense", "--world-size", "4", "--tp", "2", "--seq-len", "16", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d) == {"model", "hardware", "layout", "memory", "comm", "time", "dry_run", "assumptions"}
+    assert d["layout"]["dp"] == 2 and d["comm"]["tp"]["calls"] > 0
+    assert main(["plan", "--model", "tiny-dense", "--world-size", "6", "--tp", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "tp × pp × cp" in err and "world_size = 6" in err
+    assert main(["--lang", "en", "plan", "--model", "llama3-8b", "--world-size", "8", "--tp", "8", "--no-dry-run"]) == 0
+    assert "Layout: 8 ranks" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------ real runs (4 ranks)
 @pytest.fixture(scope="module")
 def real():
