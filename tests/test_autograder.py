@@ -5,6 +5,7 @@ on 2 ranks, stubs that are refused before anything runs, lab 11 `.env` files (re
 Gradescope's format: gradescope-autograders.readthedocs.io/en/latest/specs/ (``docs/specs.md`` of
 gradescope/autograder_samples)."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -195,22 +196,24 @@ def test_a_bom_env_is_graded_as_without_it(built, tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", ["none", "several", "malformed", "grader_config", "no_python"])
+@pytest.mark.parametrize("case", ["none", "several", "malformed", "bad_name", "grader_config", "no_python"])
 def test_bad_submissions_score_zero_with_a_valid_results_json(built, tmp_path, case):
     from lab10_cases import PROGRAMS
 
     nb = notebook(["%%writefile lab10_send_send.py\n" + PROGRAMS["send_send"]["solution"]])
     files = {"none": {}, "several": {"a.ipynb": nb, "b.ipynb": nb},
-             "malformed": {"lab.ipynb": '{"cells": ['}}.get(case, {"lab.ipynb": nb})
+             "malformed": {"lab.ipynb": '{"cells": ['},
+             "bad_name": {os.fsdecode(b"lab\xff.ipynb"): '{"cells": ['}}.get(case, {"lab.ipynb": nb})
     env = {"DTRAIN_AUTOGRADER_PYTHON": "/nonexistent/python"} if case == "no_python" else None
     doc, r = run_autograder(built, tmp_path, "lab10", files, env=env, corrupt=case == "grader_config")
     assert doc["score"] == 0, doc
     text = doc["output"] + " ".join(t["output"] for t in doc["tests"])
     expected = {"none": "No submission was found", "several": "upload exactly one",
-                "malformed": "not a valid notebook", "grader_config": "The autograder failed",
+                "malformed": "not a valid notebook", "bad_name": "lab\ufffd.ipynb: not a valid notebook",
+                "grader_config": "The autograder failed",
                 "no_python": "The autograder failed"}[case]
     assert expected in text, text
-    if case in ("none", "several", "malformed"):   # and still a row, at 0, for every exercise of the lab
+    if case in ("none", "several", "malformed", "bad_name"):   # and still a row, at 0, for every exercise of the lab
         assert {e.id for e in registry.all_exercises() if e.lab == "lab_10"} <= set(by_exercise(doc))
 
 

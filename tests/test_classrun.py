@@ -70,6 +70,7 @@ def test_every_file_gets_a_row_and_no_attack_scores(tmp_path):
     (folder / "ivan.ipynb").write_bytes(b"\xff\xfe" + good_nb.encode("utf-16-le"))          # not UTF-8
     (folder / "dave.py").write_text(solution)                                              # a loose file
     (folder / "notes.txt").write_text("hello")
+    (folder / os.fsdecode(b"bad\xff name.ipynb")).write_text("{}")                          # a name that is not UTF-8
     (tmp_path / "elsewhere.ipynb").write_text(good_nb)
     (folder / "link.ipynb").symlink_to(tmp_path / "elsewhere.ipynb")                        # links never followed
     (folder / ".ipynb_checkpoints").mkdir()
@@ -89,9 +90,10 @@ def test_every_file_gets_a_row_and_no_attack_scores(tmp_path):
     assert "Traceback" not in r.stderr, r.stderr
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     subs = {s["file"]: s for s in results["submissions"]}
-    assert set(subs) == all_files(folder), sorted(set(subs) ^ all_files(folder))
+    shown = {f.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for f in all_files(folder)}
+    assert set(subs) == shown, sorted(set(subs) ^ shown)
     why = {f: " ".join(v["feedback"] for v in s["verdicts"]) for f, s in subs.items()}
-    attacks = ["carol.ipynb", "eve.ipynb", "ivan.ipynb", "dave.py", "notes.txt", "link.ipynb",
+    attacks = ["carol.ipynb", "eve.ipynb", "ivan.ipynb", "dave.py", "notes.txt", "link.ipynb", "bad\ufffd name.ipynb",
                ".ipynb_checkpoints/zed-checkpoint.ipynb"] + ([] if LAB11 else ["grace_lab11_roce.env"])
     for f in attacks:
         assert [v["outcome"] for v in subs[f]["verdicts"]] == ["error"], (f, subs[f])

@@ -140,7 +140,7 @@ def grade_submission(root: Path, config: dict, write, how: dict | None = None) -
     """Grade the one submission under ``root/submission``: (rows, its name). ``write(rows, name)`` is
     called after each exercise, so that a grader stopped half-way still reports what it graded."""
     from dtrain_lab.grading import grade, registry
-    from dtrain_lab.grading.intake import MAX_FILE_BYTES, match_file, notebook_exercises, without_bom
+    from dtrain_lab.grading.intake import MAX_FILE_BYTES, match_file, notebook_exercises, shown, without_bom
 
     lang, ids = config["lang"], config["exercises"]
     static = [i for i in ids if registry.get(i).filename.endswith(".env")]
@@ -150,16 +150,16 @@ def grade_submission(root: Path, config: dict, write, how: dict | None = None) -
     files = _files(sub) if sub.is_dir() else []
     candidates = [f for f in files if f.suffix.lower() in kinds and not f.is_symlink()]
     extra = [_row("class_symlink" if f.is_symlink() else "class_loose_py" if f.suffix == ".py" else "class_unknown_file",
-                  lang, file=f.relative_to(sub).as_posix()) for f in files if f not in candidates]
+                  lang, file=shown(f, sub)) for f in files if f not in candidates]
     zero = [_row("ag_not_graded", lang, exercise=i, max_score=registry.get(i).max_score,
                  title=registry.get(i).title[lang]) for i in ids]
     if len(candidates) != 1:
         head = (_row("ag_no_submission", lang, kind=kind_text) if not candidates else
                 _row("ag_several", lang, n=len(candidates), kind=kind_text,
-                     names=", ".join(f.relative_to(sub).as_posix() for f in candidates)))
+                     names=", ".join(shown(f, sub) for f in candidates)))
         return [head] + extra + zero, None
     file = candidates[0]
-    rel = file.relative_to(sub).as_posix()
+    rel = shown(file, sub)
     with open(file, "rb") as f:
         data = f.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from dtrain_lab.grading import intake
 from dtrain_lab.grading.gradebook import error_row, gradescope_json, write_atomic, write_results
-from dtrain_lab.grading.intake import lab_of, match_file, notebook_exercises, without_bom
+from dtrain_lab.grading.intake import lab_of, match_file, notebook_exercises, shown, without_bom
 from dtrain_lab.i18n import LabError, get_lang, tr
 
 IGNORED_DIRS = (".ipynb_checkpoints", "__MACOSX")
@@ -83,7 +83,7 @@ def scan(folder: Path, lang: str, lab: str | None = None) -> list[Item]:
         dirnames.sort()
         for name in sorted(filenames) + sorted(d for d in dirnames if os.path.islink(os.path.join(dirpath, d))):
             path = Path(dirpath) / name
-            rel = path.relative_to(folder).as_posix()
+            rel = shown(path, folder)
             item = Item(rel=rel, student=_student(rel))
             items.append(item)
             if path.is_symlink():

@@ -23,6 +23,12 @@ def without_bom(data: bytes) -> bytes:
     return data[len(BOM):] if data.startswith(BOM) else data
 
 
+def shown(path: Path, base: Path) -> str:
+    """``path`` under ``base``, "/"-separated, for messages and results: a name that is not UTF-8 is
+    shown with U+FFFD, so that results.json and the CSV can always be written."""
+    return path.relative_to(base).as_posix().encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def labs() -> dict[str, str]:
     """``{"lab_10": "lab_10_deadlocks", ...}``: every lab the registry grades, with its notebook's
     name where this is a checkout (``solutions/_source/lab_NN_*.md``)."""
