@@ -394,3 +394,27 @@ def test_world_of_one_param_groups_scheduler_and_skips_equal_torch_optim():
     assert opt.param_groups[0]["lr"] == opt_ref.param_groups[0]["lr"]
     for (k, v), w in zip(ref.state_dict().items(), model.state_dict().values()):
         assert torch.equal(v, w), k
+
+
+def test_lr_set_on_either_side_is_honoured():
+    """A scheduler on the ShardedOptimizer (its param_groups) or, by mistake, on the wrapped optimizer:
+    the next step uses the new learning rate either way (the two sides are reconciled at each step)."""
+    from dtrain_lab.parallel.zero import ShardedOptimizer
+
+    for side in ("outer", "inner"):
+        ref, model = _tiny(), _tiny()
+        opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+        opt = ShardedOptimizer(model.parameters(), torch.optim.SGD, stage=1, lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt if side == "outer" else opt.optimizer, step_size=1, gamma=0.5)
+        sched_ref = torch.optim.lr_scheduler.StepLR(opt_ref, step_size=1, gamma=0.5)
+        toks = torch.randint(0, 11, (4, 8), generator=torch.Generator().manual_seed(5))
+        for _ in range(3):
+            for o, m, sch in ((opt_ref, ref, sched_ref), (opt, model, sched)):
+                o.zero_grad()
+                _loss(m, toks).backward()
+                o.step()
+                sch.step()
+        driven = opt if side == "outer" else opt.optimizer
+        assert driven.param_groups[0]["lr"] == opt_ref.param_groups[0]["lr"] == 0.1 * 0.5 ** 3, side
+        for (k, v), w in zip(ref.state_dict().items(), model.state_dict().values()):
+            assert torch.equal(v, w), (side, k)

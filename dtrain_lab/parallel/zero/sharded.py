@@ -93,6 +93,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if key != "params":
                     g.setdefault(key, v)
         self.state = self.optimizer.state       # per piece of this rank's slice
+        self._synced = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
         self._reduced = False
         self._grad_bytes = 0
         self._full_grad: torch.Tensor | None = None
@@ -204,9 +205,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return total
 
     def _sync_hyperparameters(self) -> None:
-        """``param_groups`` is what schedulers and users change: copy it to the wrapped optimizer."""
-        for g, lg in zip(self.param_groups, self.optimizer.param_groups):
-            lg.update({k: v for k, v in g.items() if k != "params"})
+        """Schedulers and users change ``param_groups`` (or, by mistake, the wrapped optimizer's
+        groups): whichever side changed a value since the last step wins, and both then agree."""
+        for g, lg, last in zip(self.param_groups, self.optimizer.param_groups, self._synced):
+            for k in set(g) | set(lg):
+                if k == "params":
+                    continue
+                if k in lg and k in last and lg[k] != last[k] and g.get(k) == last[k]:
+                    g[k] = lg[k]                # changed on the wrapped optimizer only
+                elif k in g:
+                    lg[k] = g[k]
+                last[k] = g.get(k, lg.get(k))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -256,6 +265,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             g.update({k: v for k, v in s.items() if k != "params"})
         F.load_optimizer_state(self.optimizer, state_dict["state"], self.param_groups)
         self.state = self.optimizer.state
+        self._synced = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
         if z.get("master") is not None:         # bf16/fp16: the fp32 master carries the precision
             with torch.no_grad():
                 self.flat.master.copy_(z["master"])
