@@ -21,7 +21,7 @@ LAYERS = {
     "base": {"comm", "models", "data", "perfmodel", "i18n"},
     "technique": {"parallel", "resilience", "nccl", "planner"},
     "jobs": {"jobs"},
-    "course": {"cli", "viz", "bench", "demos", "grading", "authoring"},
+    "course": {"cli", "viz", "viz_plan", "bench", "demos", "grading", "authoring"},
 }
 RANK = {"base": 0, "technique": 1, "jobs": 2, "course": 3}
 

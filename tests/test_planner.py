@@ -145,6 +145,7 @@ def test_plan_equals_the_real_run(real, name):
     for rank in range(4):
         got, want = real[rank]["layouts"][name], plans[rank]
         assert got["max_diff"] < 1e-4 and got["moved"] > 1e-3, (name, rank)        # trains like one process
+        assert got["groups"] == got["expected_groups"] and len(got["groups"]) == 7   # ParallelDims, for real
         assert got["stage"] == want["layout"]["stage"]
         assert got["params"] == {"dense": want["memory"]["dense_params"], "expert": want["memory"]["expert_params"]}
         for dim, entry in want["comm"].items():
@@ -168,3 +169,24 @@ def test_plan_equals_the_real_run(real, name):
         for group in dims.groups("ep"):
             real_sum = sum(real[r]["layouts"][name]["comm"]["ep"]["all_to_all"]["bytes"] for r in group)
             assert real_sum == sum(plans[r]["comm"]["ep"]["payload_bytes"] for r in group)
+
+
+def test_widget_moves_with_the_layout(capsys):
+    pytest.importorskip("ipywidgets")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from dtrain_lab.viz_plan import plan_widget, plot_plan, summary
+
+    box = plan_widget(model="tiny-dense", world_size=8, tp=2, pp=2, cp=1, microbatches=2, seq_len=16)
+    ctl = box.controls
+    before = plan("tiny-dense", world_size=8, tp=2, pp=2, microbatches=2, seq_len=16).to_dict()
+    ctl["microbatches"].value = 8                 # the bubble shrinks, activations in flight grow
+    after = plan("tiny-dense", world_size=8, tp=2, pp=2, microbatches=8, seq_len=16).to_dict()
+    assert after["time"]["bubble"] < before["time"]["bubble"]
+    assert max(s["peak"] for s in after["memory"]["per_stage"]) > max(s["peak"] for s in before["memory"]["per_stage"])
+    assert "GB" in summary(after) and len(plot_plan(after)) == 2
+    capsys.readouterr()
+    ctl["tp"].value = 8                           # 8 × 2 does not divide 8 ranks: the error, not a traceback
+    shown = "".join(o.get("text", "") for o in box.children[-1].outputs) or capsys.readouterr().out
+    assert "tp × pp × cp = 8 × 2 × 1 = 16" in shown and "Traceback" not in shown

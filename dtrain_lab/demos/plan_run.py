@@ -90,7 +90,8 @@ def run_layout(preset: str, degrees: dict) -> dict:
     mine = slice(i_dp * M * MB, (i_dp + 1) * M * MB)
     xs = list(torch.tensor_split(shard_sequence(x[mine], i_cp, dims.cp, "zigzag", dim=1), M))
     ys = list(torch.tensor_split(shard_sequence(y[mine], i_cp, dims.cp, "zigzag", dim=1), M))
-    out = {"stage": s}
+    out = {"stage": s, "groups": {dim: dist.get_process_group_ranks(g) for dim, g in pgs.items()},
+           "expected_groups": {dim: dims.group_of(rt.rank, dim) for dim in pgs}}
 
     def step():
         opt.zero_grad(set_to_none=True)
