@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT
 from dtrain_lab import authoring
 from dtrain_lab.grading import grade, grade_notebook, lab11, registry, submissions_in_notebook
+from dtrain_lab.grading.checks import lab11 as lab11_checks
 from dtrain_lab.nccl.vars import NOT_VARIABLES, VARS
 
 SOURCE = ROOT / "solutions" / "_source" / "lab_11_nccl.md"
@@ -73,13 +74,13 @@ def no_launch(monkeypatch):
 # explanation must contain
 WRONG_EXPECT = {
     "two_nodes": ("en", ["NCCL_SOCKET_IFNAME=ens1 also selects ens1f1", "prefix",
-                         "no interface called ens1", "Unable to find address for: ens1"]),
+                         "no interface called 'ens1'", "Unable to find address for: 'ens1'"]),
     "roce": ("zh", ["还选中了 mlx5_10, mlx5_11", "mlx5_1 同时会选中", "NCCL_IB_GID_INDEX=1", "fe80::"]),
     "pcie_box": ("en", ["GPU1 and GPU2 are connected through SYS", "GPU2 and GPU3 share a PCIe switch (PIX)",
                         "NCCL_P2P_LEVEL"]),
     "small_shm": ("zh", ["NCCL_SHM_DISABLE=1 只是绕开症状", "--shm-size", "docker run"]),
-    "hang_debug": ("en", ["NCCL_TIMEOUT is not an NCCL environment variable", "TORCH_NCCL_DUMP_ON_TIMEOUT=1",
-                          "TORCH_DISTRIBUTED_DEBUG=DETAIL", "it is INFO now"]),
+    "hang_debug": ("en", ["NCCL_TIMEOUT is not an NCCL environment variable", "TORCH_NCCL_DUMP_ON_TIMEOUT='0' stops",
+                          "TORCH_DISTRIBUTED_DEBUG=DETAIL", "it is 'INFO' now"]),
 }
 
 
@@ -109,13 +110,16 @@ def test_static_exercise(name, tmp_path, no_launch):
 # other correct answers the rules must accept
 ALSO_RIGHT = {
     "two_nodes": ["NCCL_SOCKET_IFNAME=ens1f0\nGLOO_SOCKET_IFNAME=ens1f0\n",
-                  "export NCCL_SOCKET_IFNAME='=ens1f0'\nexport GLOO_SOCKET_IFNAME=ens1f0\nNCCL_DEBUG=WARN\n"],
+                  "\ufeffNCCL_SOCKET_IFNAME==ens1f0\r\nGLOO_SOCKET_IFNAME=ens1f0\r\nNCCL_DEBUG=WARN\r\n"],   # BOM, CRLF
     "roce": ["NCCL_IB_HCA=^=mlx5_8,mlx5_9,mlx5_10,mlx5_11\nNCCL_IB_GID_INDEX=3\nNCCL_IB_TC=106\n",
              ("NCCL_IB_HCA==mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_7:1\n"
              "NCCL_IB_GID_INDEX=3\nNCCL_IB_TC=106\nNCCL_IB_DISABLE=0\n")],
     "pcie_box": ["CUDA_VISIBLE_DEVICES=3,2\n", "CUDA_VISIBLE_DEVICES=GPU-0c4d8f21,GPU-e2f61a97\n"],
     "small_shm": ["NCCL_DEBUG=INFO\nNCCL_DEBUG_SUBSYS=INIT,SHM\n"],
-    "hang_debug": [("NCCL_DEBUG=INFO\nNCCL_DEBUG_SUBSYS=INIT,COLL\nNCCL_DEBUG_FILE=/scratch/nccl.%h.%p.log\n"
+    "hang_debug": ["NCCL_DEBUG=INFO\nTORCH_DISTRIBUTED_DEBUG=DETAIL\n",   # the flight recorder is on by default
+                   ("NCCL_DEBUG=INFO\nTORCH_NCCL_TRACE_BUFFER_SIZE=2000\nTORCH_NCCL_DUMP_ON_TIMEOUT=1\n"
+                    "TORCH_DISTRIBUTED_DEBUG=DETAIL\n"),
+                   ("NCCL_DEBUG=INFO\nNCCL_DEBUG_SUBSYS=INIT,COLL\nNCCL_DEBUG_FILE=/scratch/nccl.%h.%p.log\n"
                    "TORCH_FR_BUFFER_SIZE=4000\nTORCH_NCCL_DUMP_ON_TIMEOUT=1\nTORCH_DISTRIBUTED_DEBUG=DETAIL\n"
                    "TORCH_NCCL_ASYNC_ERROR_HANDLING=3\n")],
 }
@@ -158,7 +162,9 @@ MORE_WRONG = [
     ("hang_debug", ("NCCL_DEBUG=TRACE\nTORCH_NCCL_TRACE_BUFFER_SIZE=2000\nTORCH_NCCL_DUMP_ON_TIMEOUT=1\n"
                    "TORCH_DISTRIBUTED_DEBUG=DETAIL\n"), "replayable trace"),
     ("hang_debug", ("NCCL_DEBUG=INFO\nTORCH_NCCL_TRACE_BUFFER_SIZE=0\nTORCH_NCCL_DUMP_ON_TIMEOUT=1\n"
-                   "TORCH_DISTRIBUTED_DEBUG=DETAIL\n"), "flight recorder is off"),
+                   "TORCH_DISTRIBUTED_DEBUG=DETAIL\n"), "switches the flight recorder off"),
+    ("hang_debug", "NCCL_DEBUG=INFO\nTORCH_DISTRIBUTED_DEBUG=DETAIL\nTORCH_NCCL_ENABLE_MONITORING=0\n",
+     "stops the flight recorder's record"),
     ("hang_debug", ("NCCL_DEBUG=INFO\nTORCH_NCCL_TRACE_BUFFER_SIZE=2000\nTORCH_NCCL_DUMP_ON_TIMEOUT=1\n"
                    "TORCH_DISTRIBUTED_DEBUG=DETAIL\nNCCL_IB_TIMEOUT=23\n"), "not a collective timeout"),
     ("hang_debug", ("NCCL_DEBUG=INFO\nTORCH_NCCL_TRACE_BUFFER_SIZE=2000\nTORCH_NCCL_DUMP_ON_TIMEOUT=1\n"
@@ -185,9 +191,14 @@ def test_hostile_static_submissions_get_verdicts(tmp_path, no_launch):
         "huge": (b"NCCL_DEBUG=INFO\n" * (10 * 1024 * 1024 // 16), "error", "at most 65536 bytes"),
         "shell": (f"NCCL_SOCKET_IFNAME=$(touch {canary})\nGLOO_SOCKET_IFNAME=`touch {canary}`\n"
                   f"NCCL_DEBUG=${{HOME}}\n".encode(), "wrong", "read literally"),
-        "not_env": (b"rm -rf ~\n", "error", "expected KEY=VALUE"),
-        "bad_quote": (b"NCCL_SOCKET_IFNAME='=ens1f0\n", "error", "never closed"),
+        "not_env": (b"rm -rf ~\n", "error", "Write KEY=VALUE"),
+        "export": (b"export NCCL_SOCKET_IFNAME==ens1f0\n", "error", "without export"),   # docker refuses it
+        "bad_quote": (b"NCCL_SOCKET_IFNAME='=ens1f0\n", "wrong", "selects no interface"),   # docker keeps the quote
         "empty": (b"", "wrong", "NCCL_SOCKET_IFNAME is not set"),
+        # docker run --env-file keeps quotes and "comments" in the value: wrong for this machine
+        "quoted": (b'NCCL_SOCKET_IFNAME="=ens1f0"\nGLOO_SOCKET_IFNAME=ens1f0 # training\n', "wrong", "keeps quotes"),
+        "loader": (b"NCCL_SOCKET_IFNAME==ens1f0\nGLOO_SOCKET_IFNAME=ens1f0\nLD_PRELOAD=/tmp/x.so\n", "wrong",
+                   "LD_PRELOAD"),
     }
     for tag, (data, outcome, phrase) in cases.items():
         path = tmp_path / tag / "lab11_two_nodes.env"
@@ -197,6 +208,14 @@ def test_hostile_static_submissions_get_verdicts(tmp_path, no_launch):
         assert v.outcome == outcome and phrase in v.feedback, (tag, v.feedback[:500])
         assert len(v.feedback) < 5000, tag
     assert not canary.exists(), "a value was executed"
+    # a link to a right answer elsewhere is refused, never followed (and neither is a link to a secret)
+    right = submit(tmp_path, "two_nodes", CELLS["two_nodes"]["solution"])
+    for tag, target in (("link", right), ("secret", Path.home() / ".ssh" / "id_rsa")):
+        link = tmp_path / tag / "lab11_two_nodes.env"
+        link.parent.mkdir()
+        link.symlink_to(target)
+        v = grade(ex_id, link, lang="en")
+        assert v.outcome == "error" and not v.passed and "symbolic link" in v.feedback, v.feedback
     v = grade(ex_id, tmp_path / "missing" / "lab11_two_nodes.env", lang="zh")
     assert v.outcome == "error" and "找不到提交文件" in v.feedback
     d = tmp_path / "a_directory.env"
@@ -223,7 +242,7 @@ def test_rules_name_only_documented_variables():
     base (or is one of the names the knowledge base says nothing reads)."""
     families = re.compile(r"\b((?:TORCH_)?NCCL_[A-Z0-9_]*[A-Z0-9]|TORCH_DISTRIBUTED_DEBUG|TORCH_FR_[A-Z_]+"
                           r"|GLOO_[A-Z_]+)\b")
-    text = Path(lab11.__file__).read_text() + SOURCE.read_text() + "".join(p.read_text() for p in WRONG.iterdir())
+    text = Path(lab11_checks.__file__).read_text() + SOURCE.read_text() + "".join(p.read_text() for p in WRONG.iterdir())
     names = set(families.findall(text)) - {"NCCL_IB_CUDA_SUPPORT"}  # the lint demo's removed variable
     unknown = sorted(n for n in names if n not in VARS and n not in NOT_VARIABLES)
     assert not unknown, unknown
@@ -231,9 +250,10 @@ def test_rules_name_only_documented_variables():
 
 def test_machine_data_matches_the_lab_text():
     text = SOURCE.read_text()
-    for name in lab11.ETH_INTERFACES + lab11.ROCE_HCAS[:2] + lab11.ROCE_HCAS[8:] + lab11.PCIE_UUIDS:
+    m = lab11_checks
+    for name in m.ETH_INTERFACES + m.ROCE_HCAS[:2] + m.ROCE_HCAS[8:] + m.PCIE_UUIDS:
         assert name in text, name
-    assert lab11.ROCE_NCCL in text and lab11.SHM_NCCL in text and str(lab11.ROCE_TC) in text
+    assert m.ROCE_NCCL in text and m.SHM_NCCL in text and str(m.ROCE_TC) in text
     assert f"{lab11.PG_TIMEOUT_S:g}-second" in text and f"VAL_SIZE = {lab11.VAL_SIZE}" in text
 
 
@@ -261,10 +281,16 @@ def test_eval_timeout(tmp_path):
     other = grade(ex.id, WRONG / "eval_timeout_new_group.py", lang="en")
     assert other.passed, other.feedback
 
+    # no communication: the ranks other than 0 cannot read rank 0's samples, and the practice data
+    # they can compute is not the graded run's
+    attack = grade(ex.id, WRONG / "no_communication.py", lang="en")
+    assert attack.outcome == "wrong" and not attack.passed, attack.feedback
+    assert "the mean metric over the whole validation set should be" in attack.feedback
+
 
 def test_eval_explanations_without_launching():
     """The explanation attached to a failed run, for outcomes that are slow to produce for real."""
-    hang = lab11._explain_eval("hang", "hung", "import os\nos.environ['NCCL_DEBUG'] = 'INFO'\n")
-    assert any("process group's timeout" in p["en"] for p in hang)
+    hang = lab11_checks._explain_eval("hang", "hung", "import os\nos.environ['NCCL_DEBUG'] = 'INFO'\n")
+    assert any("process group's timeout" in p["en"] and "default_pg_nccl_timeout" in p["en"] for p in hang)
     assert any("NCCL_DEBUG" in p["en"] and "no environment variable" in p["en"] for p in hang)
-    assert lab11._explain_eval("wrong", "should be 0.45", "def run(): return 0") == []
+    assert lab11_checks._explain_eval("wrong", "should be 0.45", "def run(): return 0") == []

@@ -3,15 +3,15 @@ import os
 
 import torch
 import torch.distributed as dist
-from dtrain_lab.grading.lab11 import VAL_SIZE, evaluate
+from dtrain_lab.grading.lab11 import VAL_SIZE, evaluate, val_samples
 
 os.environ["NCCL_TIMEOUT"] = "3600"            # read by nothing
 os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
 
 
 def run():
-    metric = torch.zeros(1)
+    metric = torch.zeros(1, dtype=torch.float64)
     if dist.get_rank() == 0:
-        metric = torch.tensor([evaluate(range(VAL_SIZE)) / VAL_SIZE])
+        metric = torch.tensor([evaluate(val_samples()) / VAL_SIZE], dtype=torch.float64)
     dist.broadcast(metric, src=0)
     return metric.item()
