@@ -71,6 +71,7 @@ def test_every_file_gets_a_row_and_no_attack_scores(tmp_path):
     (folder / "dave.py").write_text(solution)                                              # a loose file
     (folder / "notes.txt").write_text("hello")
     (folder / os.fsdecode(b"bad\xff name.ipynb")).write_text("{}")                          # a name that is not UTF-8
+    os.mkfifo(folder / "pipe.ipynb")                                                      # would block a reader
     (tmp_path / "elsewhere.ipynb").write_text(good_nb)
     (folder / "link.ipynb").symlink_to(tmp_path / "elsewhere.ipynb")                        # links never followed
     (folder / ".ipynb_checkpoints").mkdir()
@@ -94,7 +95,7 @@ def test_every_file_gets_a_row_and_no_attack_scores(tmp_path):
     assert set(subs) == shown, sorted(set(subs) ^ shown)
     why = {f: " ".join(v["feedback"] for v in s["verdicts"]) for f, s in subs.items()}
     attacks = ["carol.ipynb", "eve.ipynb", "ivan.ipynb", "dave.py", "notes.txt", "link.ipynb", "bad\ufffd name.ipynb",
-               ".ipynb_checkpoints/zed-checkpoint.ipynb"] + ([] if LAB11 else ["grace_lab11_roce.env"])
+               "pipe.ipynb", ".ipynb_checkpoints/zed-checkpoint.ipynb"] + ([] if LAB11 else ["grace_lab11_roce.env"])
     for f in attacks:
         assert [v["outcome"] for v in subs[f]["verdicts"]] == ["error"], (f, subs[f])
         assert subs[f]["score"] == 0, (f, subs[f])

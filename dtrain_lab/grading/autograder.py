@@ -140,7 +140,8 @@ def grade_submission(root: Path, config: dict, write, how: dict | None = None) -
     """Grade the one submission under ``root/submission``: (rows, its name). ``write(rows, name)`` is
     called after each exercise, so that a grader stopped half-way still reports what it graded."""
     from dtrain_lab.grading import grade, registry
-    from dtrain_lab.grading.intake import MAX_FILE_BYTES, match_file, notebook_exercises, shown, without_bom
+    from dtrain_lab.grading.intake import (MAX_FILE_BYTES, match_file, notebook_exercises, read_regular, shown,
+                                           without_bom)
 
     lang, ids = config["lang"], config["exercises"]
     static = [i for i in ids if registry.get(i).filename.endswith(".env")]
@@ -160,10 +161,14 @@ def grade_submission(root: Path, config: dict, write, how: dict | None = None) -
         return [head] + extra + zero, None
     file = candidates[0]
     rel = shown(file, sub)
-    with open(file, "rb") as f:
-        data = f.read(MAX_FILE_BYTES + 1)
+    try:
+        data = read_regular(file, MAX_FILE_BYTES)
+    except OSError as exc:
+        return [_row("class_unreadable", lang, file=rel, why=exc.strerror or str(exc))] + extra + zero, rel
+    if data is None:
+        return [_row("class_unknown_file", lang, file=rel)] + extra + zero, rel
     if len(data) > MAX_FILE_BYTES:
-        return [_row("class_too_large", lang, file=rel, size=file.stat().st_size, limit=MAX_FILE_BYTES)] + extra + zero, rel
+        return [_row("class_too_large", lang, file=rel, size=file.lstat().st_size, limit=MAX_FILE_BYTES)] + extra + zero, rel
     data = without_bom(data)
     work = Path(tempfile.mkdtemp(prefix="dtrain-ag-"))
     try:

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from dtrain_lab.grading import intake
 from dtrain_lab.grading.gradebook import error_row, gradescope_json, write_atomic, write_results
-from dtrain_lab.grading.intake import lab_of, match_file, notebook_exercises, shown, without_bom
+from dtrain_lab.grading.intake import lab_of, match_file, notebook_exercises, read_regular, shown, without_bom
 from dtrain_lab.i18n import LabError, get_lang, tr
 
 IGNORED_DIRS = (".ipynb_checkpoints", "__MACOSX")
@@ -100,14 +100,16 @@ def scan(folder: Path, lang: str, lab: str | None = None) -> list[Item]:
                 item.error = ("class_unknown_file", {"file": rel})
                 continue
             try:
-                size = path.stat().st_size
+                size = path.lstat().st_size
                 if size > intake.MAX_FILE_BYTES:
                     item.error = ("class_too_large", {"file": rel, "size": size, "limit": intake.MAX_FILE_BYTES})
                     continue
-                with open(path, "rb") as f:
-                    data = f.read(intake.MAX_FILE_BYTES + 1)
+                data = read_regular(path, intake.MAX_FILE_BYTES)
             except OSError as exc:
                 item.error = ("class_unreadable", {"file": rel, "why": exc.strerror or str(exc)})
+                continue
+            if data is None:   # a named pipe, a device, a socket
+                item.error = ("class_unknown_file", {"file": rel})
                 continue
             if len(data) > intake.MAX_FILE_BYTES:
                 item.error = ("class_too_large", {"file": rel, "size": len(data), "limit": intake.MAX_FILE_BYTES})

@@ -23,6 +23,29 @@ def without_bom(data: bytes) -> bytes:
     return data[len(BOM):] if data.startswith(BOM) else data
 
 
+def read_regular(path: Path, limit: int) -> bytes | None:
+    """At most ``limit + 1`` bytes of ``path``, or None when it is not a regular file (a named pipe
+    would block the reader forever, a device never ends). Opened without following a link and
+    without blocking, then checked on the open file itself, so nothing can be swapped in between."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def shown(path: Path, base: Path) -> str:
     """``path`` under ``base``, "/"-separated, for messages and results: a name that is not UTF-8 is
     shown with U+FFFD, so that results.json and the CSV can always be written."""
