@@ -13,13 +13,13 @@ import importlib.util
 import re
 import types
 from collections import deque
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from conftest import ROOT, lab_programs
 from dtrain_lab.grading import grade, grade_notebook, lab08, registry, submissions_in_notebook
+from dtrain_lab.grading.checks import lab08 as checks
+from dtrain_lab.grading.exercise import Run
 
 WRONG = ROOT / "tests" / "submissions" / "lab08"
 HAN = r"[\u4e00-\u9fff]"
@@ -29,6 +29,8 @@ HAN = r"[\u4e00-\u9fff]"
 
 PROGRAMS = lab_programs("lab08", "lab_08_pipeline.md")
 EXERCISES = sorted(e.id for e in registry.all_exercises() if e.lab == "lab_08")
+PRACTICE = Run(world_size=1, seed=0, inputs=lab08.make_inputs(0, 1))    # what the drivers use outside the grader
+RUN2 = Run(world_size=2, seed=5, inputs=lab08.make_inputs(5, 2))
 
 
 def solution_schedule():
@@ -88,15 +90,20 @@ def test_exercises_cells_titles_and_ignored_files():
     assert registry.get("lab08.run_1f1b").world_sizes == (2,)
     for kind in ("labs", "solutions"):
         assert "lab08_*.py" in (ROOT / kind / ".gitignore").read_text().split()
-    # the cases cover m < p and m not a multiple of p
-    assert any(m < p for p, m in lab08.CASES) and any(m > p and m % p for p, m in lab08.CASES)
+    # every grade's cases cover m < p, m not a multiple of p, one stage, and change from grade to grade
+    for seed in range(5):
+        cases = lab08.make_inputs(seed, 1)[0]["schedule_cases"]
+        assert any(m < p for p, m in cases) and any(m > p and m % p for p, m in cases) and [1, 1] in cases
+    assert lab08.make_inputs(1, 1)[0]["schedule_cases"] != lab08.make_inputs(2, 1)[0]["schedule_cases"]
+    # exercise 2's data: the inputs only on stage 0, the targets only on stage 1
+    assert set(RUN2.inputs[0]) == {"x", "schedule_cases"} and set(RUN2.inputs[1]) == {"y"}
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lang):
     def refuse(*a, **kw):
         raise AssertionError("a stub was launched")
-    monkeypatch.setattr(importlib.import_module("dtrain_lab.jobs.launch"), "launch", refuse)
+    monkeypatch.setattr(importlib.import_module("dtrain_lab.grading.runner"), "run", refuse)
     for ex_id in EXERCISES:
         path = tmp_path / f"{lang}-{ex_id}" / registry.get(ex_id).filename
         path.parent.mkdir()
@@ -116,11 +123,11 @@ def test_reference_is_pytorch_1f1b_and_the_solution():
     solution = solution_schedule()
     for p in range(1, 7):
         for m in range(1, 11):
-            ref = lab08.reference_1f1b(p, m)
+            ref = checks.reference_1f1b(p, m)
             assert solution(p, m) == ref, (p, m)
             if m >= p:
                 assert torch_1f1b_order(p, m) == ref, (p, m)
-            assert lab08.schedule_problem(ref, p, m) is None, (p, m)
+            assert checks.schedule_problem(ref, p, m) is None, (p, m)
             assert [lab08.peak_alive(a) for a in ref] == [min(p - s, m) for s in range(p)]
             assert [lab08.peak_alive(a) for a in lab08.gpipe(p, m)] == [m] * p
 
@@ -129,7 +136,7 @@ def test_simulation_times_and_bubble():
     """With forward 1 and backward 2, GPipe and 1F1B both take (m + p - 1) * 3 units: bubble
     (p - 1)/(m + p - 1); running the stages one micro-batch at a time takes longer."""
     for p, m in [(1, 3), (2, 3), (4, 6), (4, 2), (5, 8)]:
-        for sched in (lab08.reference_1f1b(p, m), lab08.gpipe(p, m)):
+        for sched in (checks.reference_1f1b(p, m), lab08.gpipe(p, m)):
             sim = lab08.simulate(sched)
             assert sim["ok"] and sim["makespan"] == (m + p - 1) * 3, (p, m, sim["makespan"])
             assert abs(lab08.bubble(sched) - (p - 1) / (m + p - 1)) < 1e-12
@@ -137,10 +144,10 @@ def test_simulation_times_and_bubble():
     # keeping fewer micro-batches alive than 1F1B allows
     serial = [[a for mb in range(4) for a in (("F", mb), ("B", mb))] for _ in range(3)]
     assert lab08.simulate(serial)["makespan"] == 4 * 3 * 3
-    found = lab08.schedule_problem(serial, 3, 4)
+    found = checks.schedule_problem(serial, 3, 4)
     assert "stalls" in found["en"] and "36" in found["en"] and "18" in found["en"]
     # stage 0 of p = 2, m = 3, unit by unit: it idles while micro-batch 0 finishes on stage 1
-    row0 = lab08.timeline(lab08.reference_1f1b(2, 3)).splitlines()[0]
+    row0 = lab08.timeline(checks.reference_1f1b(2, 3)).splitlines()[0]
     assert row0.split("|")[1].split() == ["F0", "F1", "··", "··", "B0", "B0", "F2", "B1", "B1", "··", "B2", "B2"]
 
 
@@ -158,16 +165,16 @@ def test_simulation_finds_deadlocks_and_mismatched_messages():
     # the same blocking-receive rules keep GPipe and 1F1B deadlock-free for every (p, m)
     for p in range(1, 6):
         for m in range(1, 8):
-            assert lab08.simulate(lab08.gpipe(p, m))["ok"] and lab08.simulate(lab08.reference_1f1b(p, m))["ok"]
+            assert lab08.simulate(lab08.gpipe(p, m))["ok"] and lab08.simulate(checks.reference_1f1b(p, m))["ok"]
 
 
+P0, M0 = PRACTICE.inputs[0]["schedule_cases"][0]   # the first case, shown when GPipe's order comes in
 WRONG_SCHEDULES = {
-    "schedule_gpipe.py": ("stage 0 keeps 8 micro-batches alive; 1F1B keeps at most 4", "GPipe's order",
-                          "stage 0 同时保留了 8 个微批次的激活；1F1B 最多保留 4 个", "GPipe 的顺序"),
-    "schedule_warmup_p_minus_s.py": ("stage 0 keeps 5 micro-batches alive", "your warm-up is p − s forwards",
-                                     "同时保留了 5 个", "预热是 p − s 次前向"),
-    "schedule_uncapped.py": ("case p=4, m=2", "the warm-up is min(p − s − 1, m)",
-                             "微批次 0…1 各做一次", "min(p − s − 1, m)"),
+    "schedule_gpipe.py": (f"stage 0 keeps {M0} micro-batches alive; 1F1B keeps at most {P0}", "GPipe's order",
+                          f"阶段 0 同时保留了 {M0} 个微批次的激活；1F1B 最多保留 {P0} 个", "GPipe 的顺序"),
+    "schedule_warmup_p_minus_s.py": (f"stage 0 keeps {P0 + 1} micro-batches alive", "your warm-up is p − s forwards",
+                                     f"同时保留了 {P0 + 1} 个", "预热是 p − s 次前向"),
+    "schedule_uncapped.py": ("micro-batches 0…", "the warm-up is min(p − s − 1, m)", "各做一次", "min(p − s − 1, m)"),
     "schedule_backward_first.py": ("runs micro-batch 0's backward before its forward", "run the forward first",
                                    "在微批次 0 的前向之前就做了它的反向", "先做前向"),
     "schedule_deadlock.py": ("deadlock: stage 0 waits for micro-batch 0's gradient from stage 1",
@@ -179,8 +186,7 @@ WRONG_SCHEDULES = {
 def test_wrong_schedules_fail_with_their_hint(file):
     """The exercise's check, on each wrong schedule: the right problem and hint, in zh and en."""
     en_case, en_hint, zh_case, zh_hint = WRONG_SCHEDULES[file]
-    found = lab08._check_schedule(SimpleNamespace(rank=0, world_size=1), lab08.schedule_cases(load(file).schedule_1f1b),
-                                  None)
+    found = checks._check_schedule(PRACTICE, 0, lab08.schedule_cases(load(file).schedule_1f1b))
     assert found, file
     en, zh = text(found, "en"), text(found, "zh")
     assert en_case in en and en_hint in en, en
@@ -189,75 +195,74 @@ def test_wrong_schedules_fail_with_their_hint(file):
 
 
 def test_schedule_check_passes_the_solution_and_reports_errors():
-    check = lab08._check_schedule
-    rt = SimpleNamespace(rank=0, world_size=1)
-    assert check(rt, lab08.schedule_cases(solution_schedule()), None) == []
+    def check(result):
+        return checks._check_schedule(PRACTICE, 0, result)
+    assert check(lab08.schedule_cases(solution_schedule())) == []
 
     def raises(p, m):
-        return [lab08.reference_1f1b(p, m), 1 // (m - 1)][0]   # ZeroDivisionError when m == 1
-    found = check(rt, lab08.schedule_cases(raises), None)
-    assert "ZeroDivisionError" in text(found, "en") and len(found) == 2   # cases (2, 1) and (1, 1)
-    found = check(rt, lab08.schedule_cases(lambda p, m: [["F0", "B0"]] * p), None)
+        return [checks.reference_1f1b(p, m), 1 // (m - 1)][0]   # ZeroDivisionError when m == 1
+    found = check(lab08.schedule_cases(raises))
+    ones = sum(m == 1 for _, m in PRACTICE.inputs[0]["schedule_cases"])
+    assert "ZeroDivisionError" in text(found, "en") and len(found) == min(ones, 2) + (ones > 2)
+    found = check(lab08.schedule_cases(lambda p, m: [["F0", "B0"]] * p))
     assert '("F", mb)' in text(found, "en") and "more case(s)" in text(found, "en")
     # valid, deadlock-free, the same peak as 1F1B, yet not 1F1B's order: the exact order is checked last
-    odd = lab08.reference_1f1b(3, 4)
+    odd = checks.reference_1f1b(3, 4)
     odd[0] = [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
     assert lab08.simulate(odd)["ok"] and lab08.peak_alive(odd[0]) == 3
-    found = lab08.schedule_problem(odd, 3, 4)
+    found = checks.schedule_problem(odd, 3, 4)
     assert "stage 0's action #3 is B0; 1F1B runs F2 there" in found["en"] and "第 3 个动作是 B0" in found["zh"]
 
 
 # ------------------------------------------------------------------ exercise 2's check on simulated results
 def simulated_run(rank: int, params, losses=None, peak=None, forwards=lab08.M) -> dict:
-    ref = lab08.reference_training()
-    return {"actions": lab08.reference_1f1b(2, lab08.M)[rank],
+    ref = checks.reference_training(RUN2.inputs)
+    return {"actions": [list(a) for a in checks.reference_1f1b(2, lab08.M)[rank]],
             "steps": [{"params": params[i], "losses": (losses or ref["losses"])[i] if rank == 1 else [],
                        "peak": lab08.max_alive(2, lab08.M, rank) if peak is None else peak, "forwards": forwards}
                       for i in range(lab08.STEPS)]}
 
 
 def test_run_check_on_simulated_results():
-    ref = lab08.reference_training()
+    ref = checks.reference_training(RUN2.inputs)
+    xs, ys = RUN2.inputs[0]["x"], RUN2.inputs[1]["y"]
     # the reference's hand-written SGD is torch.optim.SGD's, on the whole batch's mean loss
     model = lab08.lab_model()
     opt = torch.optim.SGD(model.parameters(), lr=lab08.LR)
     for step in range(lab08.STEPS):
-        x, y = (torch.cat(t) for t in lab08.micro_batches(step))
         opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        torch.nn.functional.mse_loss(model(torch.cat(list(xs[step]))), torch.cat(list(ys[step]))).backward()
         opt.step()
-    assert lab08._close(list(lab08.stage_layers(model, 1).parameters()), ref["params"][1][-1])
-    assert lab08._close(list(lab08.stage_layers(model, 0).parameters()), ref["params"][0][-1])
-    rt = [SimpleNamespace(rank=r, world_size=2) for r in range(2)]
+    assert checks._close(list(lab08.stage_layers(model, 1).parameters()), ref["params"][1][-1])
+    assert checks._close(list(lab08.stage_layers(model, 0).parameters()), ref["params"][0][-1])
     for r in range(2):
-        assert lab08._check_run(rt[r], simulated_run(r, ref["params"][r]), None) == []
+        assert checks._check_run(RUN2, r, simulated_run(r, ref["params"][r])) == []
     # GPipe executed: 3 micro-batches alive on stage 0
-    found = lab08._check_run(rt[0], simulated_run(0, ref["params"][0], peak=3), None)
+    found = checks._check_run(RUN2, 0, simulated_run(0, ref["params"][0], peak=3))
     assert "kept 3 micro-batches alive; 1F1B keeps at most 2" in text(found, "en")
     # stage 0 never got a gradient
-    frozen = lab08.reference_training(stage_zero_frozen=True)
+    frozen = checks.reference_training(RUN2.inputs, stage_zero_frozen=True)
     assert not all(torch.equal(a, b) for a, b in zip(frozen["params"][0][0], ref["params"][0][0]))
-    found = lab08._check_run(rt[0], simulated_run(0, frozen["params"][0]), None)
+    found = checks._check_run(RUN2, 0, simulated_run(0, frozen["params"][0]))
     assert "got no gradient" in text(found, "en") and "requires_grad_()" in text(found, "zh")
     # summed instead of averaged micro-batch gradients (a learner dividing by m twice, or not at all)
     model = lab08.lab_model()
     opt = torch.optim.SGD(model.parameters(), lr=lab08.LR * lab08.M)   # PyTorch's SGD, m times the step
     params1 = []
     for step in range(lab08.STEPS):
-        xs, ys = lab08.micro_batches(step)
         opt.zero_grad()
-        sum(lab08.loss_fn(model(x), y) for x, y in zip(xs, ys)).backward()
+        sum(lab08.loss_fn(model(x), y) for x, y in zip(xs[step], ys[step])).backward()
         opt.step()
         params1.append([p.detach().clone() for p in lab08.stage_layers(model, 1).parameters()])
-    found = lab08._check_run(rt[1], simulated_run(1, params1), None)
+    found = checks._check_run(RUN2, 1, simulated_run(1, params1))
     assert "differ from single-process training" in text(found, "en") and "stash[mb]" in text(found, "en")
     # losses of the micro-batches in another order
     shuffled = [ls[::-1] for ls in ref["losses"]]
-    assert "micro-batch order" in text(lab08._check_run(rt[1], simulated_run(1, ref["params"][1], shuffled), None), "en")
+    assert "micro-batch order" in text(checks._check_run(RUN2, 1, simulated_run(1, ref["params"][1], shuffled)), "en")
     # a wrong schedule copied into exercise 2
     bad = simulated_run(0, ref["params"][0])
-    bad["actions"] = lab08.gpipe(2, lab08.M)[0]
-    found = lab08._check_run(rt[0], bad, None)
+    bad["actions"] = [list(a) for a in lab08.gpipe(2, lab08.M)[0]]
+    found = checks._check_run(RUN2, 0, bad)
     assert "finish exercise 1 first" in text(found, "en") and "keeps 3 micro-batches alive" in text(found, "en")
 
 
@@ -277,18 +282,18 @@ def test_alive_micro_batches_are_counted_by_the_driver():
 
 def test_blocking_send_trace_check_and_explanations():
     traces = {0: [{"op": "send", "peer": 1}, {"op": "recv", "peer": 1}], 1: [{"op": "recv", "peer": 0}]}
-    found = lab08._no_blocking_send(traces)
+    found = checks._no_blocking_send(Run(world_size=2, seed=0, inputs=[], traces=traces))
     assert "rank(s) [0]" in found[0]["en"] and "dist.isend" in found[0]["zh"]
-    assert lab08._no_blocking_send({0: [{"op": "recv", "peer": 1}], 1: []}) == []
-    hang = lab08._explain_run("hang", "…", "")
+    assert checks._no_blocking_send(Run(world_size=2, seed=0, inputs=[], traces={0: [{"op": "recv", "peer": 1}], 1: []})) == []
+    hang = checks._explain_run("hang", "…", "")
     assert "never comes" in hang[0]["en"]
     both_send = "✗ hung\n  rank 0: send (f.py:40 in run_stage)\n  rank 1: send (f.py:51 in run_stage)"
-    assert "waits in a blocking dist.send" in lab08._explain_run("hang", both_send, "")[0]["en"]
+    assert "waits in a blocking dist.send" in checks._explain_run("hang", both_send, "")[0]["en"]
     one_recv = both_send.replace("rank 1: send", "rank 1: recv")
-    assert "never comes" in lab08._explain_run("hang", one_recv, "")[0]["en"]
-    crash = lab08._explain_run("crash", "AttributeError: 'NoneType' object has no attribute", "")
+    assert "never comes" in checks._explain_run("hang", one_recv, "")[0]["en"]
+    crash = checks._explain_run("crash", "AttributeError: 'NoneType' object has no attribute", "")
     assert "requires_grad_()" in crash[0]["en"]
-    assert lab08._explain_run("wrong", "", "") == []
+    assert checks._explain_run("wrong", "", "") == []
 
 
 # ------------------------------------------------------------------ graded (launched)
