@@ -103,7 +103,7 @@ def test_each_rank_holds_its_shard_about_one_nth(results, n):
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_checkpoint_round_trip_and_atomicity(results, n):
     ms = metrics(results, n)
-    for rank, m in ms.items():
+    for m in ms.values():
         c = m["checkpoint"]
         assert c["complete"] and c["no_partial_left"]
         assert c["next_loss"] == c["next_loss_loaded"]                   # same next-step loss, exactly
@@ -135,7 +135,7 @@ def test_measured_model_state_bytes_match_zero_stage3_formula(results):
     """Counted tensor bytes (not RSS) of FSDP2 + fp32 Adam against zero_memory(stage=3, "fp32")."""
     from dtrain_lab.perfmodel import zero_memory
 
-    for rank, m in metrics(results, 2).items():
+    for m in metrics(results, 2).values():
         mem = m["memory"]
         pred = zero_memory(mem["num_params"], 3, 2, precision="fp32")
         assert mem["predicted"]["total"] == pytest.approx(pred["total"])
