@@ -16,6 +16,7 @@ import torch
 
 from conftest import ROOT, lab_programs
 from dtrain_lab.grading import grade, grade_notebook, lab09, registry, submissions_in_notebook
+from dtrain_lab.grading.checks import lab09 as lab09_checks
 
 WRONG = ROOT / "tests" / "submissions" / "lab09"
 HAN = r"[\u4e00-\u9fff]"
@@ -71,11 +72,11 @@ def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lan
 
 # ------------------------------------------------------------------ exercise 1, in this process
 def test_atomic_solution_and_wrong_answers(tmp_path, monkeypatch):
-    monkeypatch.setenv("DTRAIN_JOB_DIR", str(tmp_path))
+    monkeypatch.setenv("DTRAIN_GRADE_SHARED", str(tmp_path))
     sol = tmp_path / "sol.py"
     sol.write_text(PROGRAMS["lab09.atomic_save"]["solution"])
     result = module_from(sol, "lab09_sol").run()
-    assert lab09._check_atomic(None, result, None) == []
+    assert lab09_checks._check_atomic(None, 0, result) == []
     # the driver really crashed the second save, and the file still held step 1, whole
     assert result["crash"]["raised"] == "crash" and result["crash"]["holds"] == {"step": 1, "whole": True}
     assert result["third"]["holds"] == {"step": 3, "whole": True} and result["third"]["files"] == ["state.pt"]
@@ -89,7 +90,7 @@ def test_atomic_solution_and_wrong_answers(tmp_path, monkeypatch):
     }
     for name, (lang, phrases) in expected.items():
         res = module_from(WRONG / name, name[:-3]).run()
-        found = text(lab09._check_atomic(None, res, None), lang)
+        found = text(lab09_checks._check_atomic(None, 0, res), lang)
         for phrase in phrases:
             assert phrase in found, (name, phrase, found)
     direct = module_from(WRONG / "atomic_direct.py", "direct2").run()
@@ -98,21 +99,39 @@ def test_atomic_solution_and_wrong_answers(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ the reference, no launch
 def test_reference_is_exact_and_every_slip_moves_the_result():
-    ref = lab09.simulate(2)
-    whole = lab09.simulate(2, resume_at=4)
+    inputs = lab09.make_inputs(12345, 2)
+    ref = lab09_checks.simulate(inputs)
+    whole = lab09_checks.simulate(inputs, resume_at=4)
     assert all(torch.equal(a, b) for a, b in zip(ref, whole))       # a complete resume is bit-identical
-    for drop in lab09._DROP_HINTS:
-        off = lab09.simulate(2, resume_at=4, drop=drop)
+    # the data is private and drawn per run: another seed, another result
+    other = lab09_checks.simulate(lab09.make_inputs(54321, 2))
+    assert not lab09_checks._close(other, ref)
+    variants = {d: lab09_checks.simulate(inputs, resume_at=4, drop=d) for d in lab09_checks.DROPS}
+    for drop, off in variants.items():
         assert max(float((a - b).abs().max()) for a, b in zip(ref, off)) > 1e-3, drop
     # the slips are told apart: no two variants give the same parameters
-    variants = {d: lab09.simulate(2, resume_at=4, drop=d) for d in lab09._DROP_HINTS}
     names = sorted(variants)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            assert not lab09._close(variants[a], variants[b]), (a, b)
+            assert not lab09_checks._close(variants[a], variants[b]), (a, b)
 
 
 # ------------------------------------------------------------------ exercise 2, launched with kills and restarts
+@pytest.mark.timeout(400)
+def test_resume_solution_passes_and_a_forged_report_fails(tmp_path):
+    atomic = tmp_path / "lab09_atomic_save.py"
+    atomic.write_text(PROGRAMS["lab09.atomic_save"]["solution"])
+    v = grade("lab09.atomic_save", atomic, lang="en")
+    assert v.passed, v.feedback
+    path = tmp_path / "lab09_resume.py"
+    path.write_text(PROGRAMS["lab09.resume"]["solution"])
+    v = grade("lab09.resume", path, lang="en")
+    assert v.passed, v.feedback
+    # no Job, no communication, a report claiming a resume: each rank has only its own data
+    forged = grade("lab09.resume", WRONG / "resume_forged.py", lang="en")
+    assert forged.outcome == "wrong" and "differ from the uninterrupted run's" in forged.feedback, forged.feedback
+
+
 LAUNCHED_WRONG = {
     "resume_rank0_rng.py": ("zh", "wrong", ["rank 0 的随机数状态", "all_gather_object", "场景"]),
     "resume_start_over.py": ("en", "wrong", ["started over from step 0"]),

@@ -5,7 +5,7 @@ import re
 import torch
 import torch.distributed as dist
 
-from dtrain_lab.grading.lab09 import Job
+from dtrain_lab.grading.lab09 import Job, report
 
 
 def atomic_save(obj, path):
@@ -53,3 +53,7 @@ def train():
                 torch.save(state, os.path.join(job.ckpt_dir, f"step_{step + 1:06d}.pt"))
             dist.barrier()                                    # nobody runs ahead of a checkpoint being written
     return job.model
+
+
+def run():
+    return report(train())
