@@ -153,3 +153,29 @@ def test_hidden_checks_from_an_instructor_module(tmp_path, monkeypatch):
     v = grade("lab10.rank_branch", f, lang="en", sandbox=BOX)
     assert v.outcome == "wrong" and "must be a Python float" in v.feedback
     registry.get("lab10.rank_branch").hidden.clear()
+
+
+def test_grading_is_refused_without_a_sandbox_and_says_why(monkeypatch, tmp_path, capsys):
+    from dtrain_lab.grading import main
+
+    monkeypatch.setattr(sandbox, "probe", lambda: sandbox.Probe(False, None, "no namespaces here"))
+    f = tmp_path / "lab10_rank_branch.py"
+    f.write_text(GOOD)
+    for lang, words in (("en", "not graded"), ("zh", "没有评分")):
+        v = grade("lab10.rank_branch", f, lang=lang)
+        assert v.outcome == "error" and v.details["refused"] == "no_sandbox" and not v.passed
+        assert words in v.feedback and "no namespaces here" in v.feedback and "--no-sandbox" in v.feedback
+    assert main(["lab10.rank_branch", str(f), "--lang", "en"]) == 2
+    assert "bubblewrap" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(200)
+def test_check_cell_is_a_self_check_without_a_sandbox(monkeypatch, tmp_path, capsys):
+    from dtrain_lab.grading import check
+
+    monkeypatch.setattr(sandbox, "probe", lambda: sandbox.Probe(False, None, "macOS"))
+    f = tmp_path / "lab10_rank_branch.py"
+    f.write_text(GOOD)
+    v = check("lab10.rank_branch", str(f), lang="en")
+    assert v.passed and v.details["self_check"] and not v.details["sandboxed"]
+    assert "self-check, not a grade" in capsys.readouterr().out
