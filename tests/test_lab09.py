@@ -3,8 +3,9 @@ answers fail with the right explanation, and the grader's reference is what it c
 
 Solutions and stubs come from solutions/_source/lab_09_recovery.md; wrong answers live in
 tests/submissions/lab09. Exercise 1's checks run here, in this process (its driver needs no process
-group); exercise 2 is launched: every launch kills a rank and lets torchrun restart the job, so only
-three wrong answers are launched, each failing on its first differing scenario. The solutions are
+group) and its solution once in the sandbox; exercise 2 is launched: every launch kills a rank and
+lets torchrun restart the job, so only the solution, a forged report (no communication) and three
+wrong answers are launched, each wrong one failing on its first differing scenario. The solutions are
 also graded by the solution notebooks (zh and en).
 """
 import importlib
