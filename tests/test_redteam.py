@@ -1,0 +1,121 @@
+"""Red-team regressions for the sandboxed grader (issue 13): attacks that the grader defeats today,
+graded for real (sandboxed, lab 10). Each grade bundles several attacks, and each test checks
+independently of the submission's own report what it must not have achieved: no score, nothing
+read or written on the host, nothing reached on the host's loopback, nothing left running, a
+bounded feedback. The submissions live in tests/submissions/redteam/ (their docstrings say what
+each one tries). Attacks that still succeed are not here: they are described in the red-team report.
+Skipped, with the reason, where this machine cannot build the sandbox."""
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT
+from dtrain_lab.grading import grade, lab10, runner, sandbox
+
+PROBE = sandbox.probe()
+pytestmark = pytest.mark.skipif(not PROBE.ok, reason=f"no sandbox on this machine: {PROBE.reason}")
+
+REDTEAM = ROOT / "tests" / "submissions" / "redteam"
+
+
+def _with_marker(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and marker in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+class _Listener:
+    """A port on the grader's own loopback that records every connection it accepts."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while not self.stop.is_set():
+            try:
+                conn, addr = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted.append(addr)
+            conn.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=2)
+        self.sock.close()
+
+
+@pytest.mark.timeout(400)
+def test_hostile_classmate_reads_writes_reaches_and_survives_nothing(tmp_path):
+    marker = f"redteam{uuid.uuid4().hex[:12]}"
+    # a classmate's file, world-readable on purpose: only the sandbox's namespaces keep it out
+    classmates = Path(tempfile.mkdtemp(prefix="redteam_class_", dir="/tmp"))
+    classmates.chmod(0o777)
+    secret_text = f"classmate secret {uuid.uuid4().hex}"
+    secret = classmates / "lab10_rank_branch.py"
+    secret.write_text(secret_text)
+    secret.chmod(0o666)
+    job_root = runner._job_root()
+    listener = _Listener()
+    src = (REDTEAM / "hostile_classmate.py").read_text()
+    for key, value in {"__SECRET_FILE__": str(secret), "__JOB_ROOT__": str(job_root),
+                       "__HOST_PORT__": str(listener.port), "__MARKER__": marker}.items():
+        src = src.replace(key, value)
+    sub = tmp_path / "lab10_rank_branch.py"
+    sub.write_text(src)
+    try:
+        v = grade("lab10.rank_branch", sub, lang="en")
+        time.sleep(10)   # the daemon, had it survived, would have written after 8 s
+        everything = v.feedback + json.dumps(v.details, default=str)
+        # no score, and the feedback quotes the (wrong) result briefly: no 1 MB repr
+        assert v.outcome == "wrong", v.feedback
+        assert len(v.feedback) < 4000, len(v.feedback)
+        assert "REPORT" in v.feedback and "x" * 2000 not in everything, v.feedback
+        # nothing read: the classmate's file, the grader's job folders, the hidden checks
+        assert secret_text not in everything
+        assert "secret=denied" in v.feedback, v.feedback
+        # nothing written on the host, nothing reached on the host's loopback
+        assert secret.read_text() == secret_text
+        assert sorted(os.listdir(classmates)) == [secret.name]
+        assert not (job_root / marker).exists()
+        assert not (sandbox.PACKAGE_DIR / marker).exists()
+        assert listener.accepted == []
+        # nothing left running: the double-forked setsid daemon died with the rank's sandbox
+        assert _with_marker(marker) == []
+    finally:
+        listener.close()
+        for p in _with_marker(marker):
+            p.kill()
+        shutil.rmtree(classmates, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+def test_forged_success_record_gets_no_score():
+    sub = REDTEAM / "forged_result.py"
+    v = grade("lab10.rank_branch", sub, lang="en")
+    # the forged record is read as what it is, the practice seed's answer, and judged outside
+    assert v.outcome == "wrong", v.feedback
+    practice = sum(i["loss"] for i in lab10.make_inputs(0, 2)) / 2
+    assert "mean loss" in v.feedback and f"{practice:.4f}"[:5] in v.feedback, v.feedback
