@@ -119,3 +119,18 @@ def test_forged_success_record_gets_no_score():
     assert v.outcome == "wrong", v.feedback
     practice = sum(i["loss"] for i in lab10.make_inputs(0, 2)) / 2
     assert "mean loss" in v.feedback and f"{practice:.4f}"[:5] in v.feedback, v.feedback
+
+
+@pytest.mark.timeout(300)
+def test_decoy_allreduces_and_tampering_with_the_checks_get_no_score():
+    from dtrain_lab.grading import registry
+
+    grading = sandbox.PACKAGE_DIR / "grading"
+    v = grade("lab02.sync", REDTEAM / "decoy_allreduce_lab02.py", lang="en")
+    # one all-reduce of zeros per bucket: the trace looks right, the gradients are this rank's own
+    assert v.outcome == "wrong", v.feedback
+    assert "own gradient" in v.feedback, v.feedback
+    # what it wrote into the folder that hides the checks stayed in its sandbox; the grader's files
+    # and its registry of checks are as they were
+    assert not any("REDTEAM_FAKE_CHECKS" in p.read_text(errors="replace") for p in grading.rglob("*.py"))
+    assert registry.get("lab02.sync").checks and registry.get("lab02.sync").job_checks
