@@ -331,33 +331,20 @@ def start_page():
     lesson and lab linked, generated from the sources so that it never goes stale."""
     import nbformat
 
+    from dtrain_lab.i18n import tr
+
     lessons, labs = sources("lessons"), sources("labs")
-    text = {
-        "zh": ("# 分布式训练课程 · 从这里开始\n\n"
-               "**中文课程**在 `zh/` 文件夹里。从第一课 [{first}](zh/{first_file}) 开始，按编号往下学：每课开头列出学完"
-               "能做到什么，结尾是小结和练习。打开一课后，用菜单 **Run → Run All Cells** 运行全部单元格，或者逐个按 "
-               "**Shift+Enter**。没有 GPU 时，所有作业都在 CPU 上用 gloo 后端运行，每次运行都会打印它用的是哪一个。\n\n"
-               "实验（`labs/zh/`）配合同编号的课程：学完那一课再做，评分器会告诉你哪里不对。\n\n"
-               "| 课程 | 实验 |\n|---|---|\n"),
-        "en": ("# Distributed training course · start here\n\n"
-               "The **English course** is in the `en/` folder. Begin with [{first}](en/{first_file}) and go on in "
-               "order: each lesson starts with what you will be able to do and ends with a summary and exercises. "
-               "In an open lesson, **Run → Run All Cells** runs it all, or **Shift+Enter** one cell at a time. "
-               "Without a GPU every job runs on the CPU with the gloo backend, and each run prints which it used."
-               "\n\nA lab (`labs/en/`) goes with the lesson of the same number: do it after that lesson; the grader "
-               "tells you what is wrong.\n\n"
-               "| Lesson | Lab |\n|---|---|\n"),
-    }
     nb = nbformat.v4.new_notebook()
     nb.metadata = {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
                    "language_info": {"name": "python"}}
-    for i, lang in enumerate(LANGS):
+    for lang in LANGS:
         rows = []
         for src in lessons:
             lab = next((x for x in labs if x.stem.startswith(f"lab_{src.stem[:2]}_")), None)
             cell = f"[{_title(lab, lang)}](../labs/{lang}/{lab.stem}.ipynb)" if lab else ""
             rows.append(f"| [{_title(src, lang)}]({lang}/{src.stem}.ipynb) | {cell} |")
-        md = text[lang].format(first=_title(lessons[0], lang), first_file=f"{lessons[0].stem}.ipynb") + "\n".join(rows)
+        md = tr("start_page", lang, lang_dir=lang, first=_title(lessons[0], lang),
+                first_file=f"{lessons[0].stem}.ipynb") + "\n" + "\n".join(rows)
         cell = nbformat.v4.new_markdown_cell(md)
         cell["id"] = f"start-{lang}"
         nb.cells.append(cell)

@@ -130,7 +130,8 @@ def test_stored_outputs_hold_no_measurements():
                         continue
                     where = f"{path.relative_to(ROOT)} cell {i}"
                     src = "".join(cell["source"])
-                    assert not re.search(r"^\s*#\s*NBVAL_", src, re.M), f"{where}: an nbval comment in the learner's code (use a cell tag)"
+                    assert not re.search(r"^\s*#\s*NBVAL_", src, re.M), \
+                        f"{where}: an nbval comment in the learner's code (use a cell tag)"
                     assert "execution" not in cell.get("metadata", {}), f"{where}: execution timestamps stored"
                     if "nbval-ignore-output" in cell.get("metadata", {}).get("tags", []):
                         assert cell["outputs"] == [], f"{where}: measured output stored"
@@ -157,8 +158,8 @@ def test_cleaning_strips_what_a_run_measures():
     kept.metadata["execution"] = {"iopub.execute_input": "2030-01-01T00:00:00Z"}
     kept.outputs = [nbformat.v4.new_output("display_data", data={}),
                     nbformat.v4.new_output("display_data", data={"text/plain": ""}),
-                    nbformat.v4.new_output("stream", name="stdout",
-                                           text="I am rank 0 (local rank 0), pid 4242, backend gloo\n✓ ok\n  [6.0 s, start-up 5.1 s]\n")]
+                    nbformat.v4.new_output("stream", name="stdout", text="I am rank 0 (local rank 0), pid 4242, "
+                                           "backend gloo\n✓ ok\n  [6.0 s, start-up 5.1 s]\n")]
     measured = nbformat.v4.new_code_cell("time_it()")
     measured.metadata["tags"] = ["nbval-ignore-output"]
     measured.outputs = [nbformat.v4.new_output("stream", name="stdout", text="0.123 s\n")]
