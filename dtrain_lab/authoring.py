@@ -284,6 +284,7 @@ def execute(nb, cwd: Path, timeout: int = 900):
     NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(cwd)}}).execute()
     clean_outputs(nb)
+    nb.metadata["language_info"] = {"name": "python"}   # not this machine's Python version: as build writes it
     return nb
 
 
