@@ -2,7 +2,6 @@
 exercise teaches. Every rank takes one barrier at the very start (before anything is written: it
 synchronises nothing, it only makes the trace non-empty); the readers then poll the file until it
 holds a whole checkpoint (the text has a fixed length, 32 characters)."""
-import os
 import time
 
 import torch.distributed as dist

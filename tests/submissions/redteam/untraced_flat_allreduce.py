@@ -3,7 +3,6 @@ without any hierarchy. One flat all-reduce over the whole world, issued through 
 group object (``ProcessGroup.allreduce``) instead of ``torch.distributed.all_reduce``: the harness's
 tracer wraps the module-level functions only, so the trace shows no all-reduce at all, and the
 check that catches a flat all-reduce (``_two_levels``) reads only the trace. The sum is right."""
-import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_group
 
 from dtrain_lab.grading.lab10 import local_gradient
