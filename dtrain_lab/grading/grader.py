@@ -234,7 +234,7 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, sandboxed: bool) -> Ver
             max_restarts=scenario.get("max_restarts", 0), pg_timeout=ex.pg_timeout, setup=ex.setup, hide=ex.hide,
             limits=sandboxing.Limits(memory_gb=ex.memory_limit_gb), sandboxed=sandboxed, lang=lang))
         elapsed += res.elapsed
-        runs.append({"world_size": n, "elapsed": round(res.elapsed, 3), "sandboxed": res.sandboxed,
+        runs.append({"world_size": n, "elapsed": round(res.elapsed, 3), "sandboxed": res.sandboxed, "mode": res.mode,
                      "job": Path(res.job_dir).name,
                      "to_first_start": None if res.to_first_start is None else round(res.to_first_start, 3),
                      "startup": None if res.startup is None else round(res.startup, 3)})
@@ -270,9 +270,9 @@ def _judge(ex: Exercise, run: Run, res, lang: str, title: str, scenario: dict) -
     run.exits = {ro.rank: ro.code for ro in res.ranks}
     run.ended = {ro.rank: ro.ended for ro in res.ranks}
     run.elapsed = res.elapsed
-    broken = [ro for ro in res.ranks if "start" not in ro.events and "bwrap:" in ro.stderr]
+    broken = [ro for ro in res.ranks if "start" not in ro.events and ("bwrap:" in ro.stderr or "nsbox:" in ro.stderr)]
     if broken:   # the sandbox itself did not start: not the submission's doing
-        line = next(ln for ln in broken[0].stderr.splitlines() if "bwrap:" in ln)
+        line = next(ln for ln in broken[0].stderr.splitlines() if "bwrap:" in ln or "nsbox:" in ln)
         return _verdict(ex, "error", tr("grade_sandbox_failed", lang, title=title, why=channel.cut(line, 300)), lang,
                         world_size=n)
     if any("missing_entry" in ro.events for ro in res.ranks):

@@ -61,6 +61,7 @@ class JobSpec:
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
     sandboxed: bool = True
     lang: str = "en"
+    mode: str | None = None          # "bwrap" or "unshare"; None: what sandbox.probe() found
 
 
 @dataclass
@@ -99,6 +100,7 @@ class JobResult:
     attempts: int = 0
     ranks: list = field(default_factory=list)
     sandboxed: bool = True
+    mode: str = "none"                     # "bwrap", "unshare" or "none"
     to_first_start: float | None = None   # seconds from launch until the first rank's harness ran
     job_dir: str = ""
 
@@ -137,6 +139,9 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
     for name in ("spec.json", "submission.py"):
         (job_dir / name).chmod(0o644)
     etc = sandbox.etc_files(job_dir / "etc") if spec.sandboxed else {}
+    mode = spec.mode or sandbox.probe().mode
+    shared = job_dir / "shared"
+    shared.mkdir(mode=0o755)
     hidden = {}
     for module in spec.hide:
         target = sandbox.module_file(module)
@@ -172,11 +177,12 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
             ro = {f"{sandbox.IO}/inputs": rdir / "inputs", f"{sandbox.IO}/spec.json": job_dir / "spec.json",
                   f"{sandbox.IO}/submission.py": job_dir / "submission.py", **hidden}
             rw = {f"{sandbox.IO}/out/{name}": f"{adir_t}/{name}" for name in RW_FILES}
-            argv = sandbox.inner_argv(env=env, ro=ro, rw=rw, limits=spec.limits, command=command, etc=etc)
+            root = rdir / "nsroot"
+            root.mkdir(mode=0o755)
+            argv = sandbox.inner_argv(env=env, ro=ro, rw=rw, limits=spec.limits, command=command, etc=etc, mode=mode,
+                                      root=root, shared=shared)
             env_for_supervisor = {"PATH": "/usr/bin:/bin"}
         else:
-            shared = job_dir / "shared"
-            shared.mkdir(exist_ok=True)
             env = {k: v for k, v in os.environ.items() if not k.startswith(("DTRAIN_GRADE", "DTRAIN_HIDDEN"))}
             env.update({k: str(v) for k, v in base_env.items()})
             env.update({"PYTHONPATH": os.pathsep.join([str(sandbox.PACKAGE_DIR.parent)] +
@@ -189,7 +195,8 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
                       "stdout": f"{adir_t}/stdout.log", "stderr": f"{adir_t}/stderr.log"})
     return {"world": spec.world_size, "max_restarts": spec.max_restarts, "ranks": ranks,
             "limits": spec.limits.rlimits(), "status": str(job_dir / "status.jsonl"),
-            "port_base": 29500 if spec.sandboxed else 0}
+            "port_base": 29500 if spec.sandboxed else 0, "mode": mode if spec.sandboxed else "none",
+            "shared": str(shared), "shared_bytes": spec.limits.shared_mb << 20, "supervisor": SUPERVISOR}
 
 
 def _events(path: Path) -> dict:
@@ -255,8 +262,8 @@ def run(spec: JobSpec) -> JobResult:
     plan = _prepare(spec, job_dir)
     (job_dir / "plan.json").write_text(json.dumps(plan))
     supervisor = [sys.executable, "-I", "-S", SUPERVISOR, str(job_dir / "plan.json")]
-    cmd = sandbox.outer_argv(job_dir, spec.limits, supervisor) if spec.sandboxed else supervisor
-    res = JobResult(world_size=spec.world_size, sandboxed=spec.sandboxed, job_dir=str(job_dir))
+    cmd = sandbox.outer_argv(job_dir, spec.limits, supervisor, plan["mode"]) if spec.sandboxed else supervisor
+    res = JobResult(world_size=spec.world_size, sandboxed=spec.sandboxed, job_dir=str(job_dir), mode=plan["mode"])
     t0, wall0 = time.monotonic(), time.time()
     with open(job_dir / "supervisor.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -25,6 +25,12 @@ the kernel (``SIGXFSZ``) and the grader reads only the tail.
 
 :func:`probe` says whether this machine can do all of this (bubblewrap installed, unprivileged user
 namespaces allowed, nested); it actually starts a nested sandbox once, so a "yes" is proven.
+
+Where bubblewrap is missing, the same two levels are built with util-linux ``unshare`` (the job's
+namespaces) and :mod:`dtrain_lab.grading.nsbox` (each rank's root, mounts, ``chroot`` and the drop to
+uid 65534): ``probe()`` falls back to it, ``probe("unshare")`` forces it. The rank sees the same
+machine; a chrooted process may not create user namespaces (a kernel rule), so nested ones are
+refused there too.
 """
 from __future__ import annotations
 
@@ -69,6 +75,7 @@ class Probe:
     bwrap: str | None
     reason: str = ""
     features: tuple = ()
+    mode: str = "bwrap"             # "bwrap", or "unshare" (util-linux unshare + nsbox.py) where bwrap is missing
 
 
 def _bwrap_features(bwrap: str) -> tuple:
@@ -79,11 +86,22 @@ def _bwrap_features(bwrap: str) -> tuple:
     return tuple(f for f in ("--size", "--disable-userns", "--perms", "--unshare-cgroup-try") if f in text)
 
 
-@functools.lru_cache(maxsize=1)
-def probe() -> Probe:
-    """Can this machine sandbox a graded job? Proven by starting an outer and a nested inner sandbox."""
+@functools.lru_cache(maxsize=4)
+def probe(mode: str | None = None) -> Probe:
+    """Can this machine sandbox a graded job? Proven by starting an outer and a nested inner sandbox:
+    with bubblewrap, else with util-linux ``unshare`` (``mode`` forces one)."""
     if not sys.platform.startswith("linux"):
         return Probe(False, None, f"{sys.platform}: no Linux namespaces")
+    first = _probe_bwrap() if mode in (None, "bwrap") else None
+    if first is not None and (first.ok or mode == "bwrap"):
+        return first
+    second = _probe_unshare()
+    if second.ok or first is None:
+        return second
+    return Probe(False, first.bwrap, f"{first.reason}; {second.reason}", first.features)
+
+
+def _probe_bwrap() -> Probe:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return Probe(False, None, "bubblewrap (bwrap) is not installed")
@@ -98,6 +116,27 @@ def probe() -> Probe:
     if r.returncode != 0:
         return Probe(False, bwrap, (r.stderr.strip() or f"exit code {r.returncode}")[:300], features)
     return Probe(True, bwrap, "", features)
+
+
+def _probe_unshare() -> Probe:
+    import tempfile
+
+    if shutil.which("unshare") is None:
+        return Probe(False, None, "neither bubblewrap (bwrap) nor util-linux unshare is installed", mode="unshare")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        root.mkdir(mode=0o755)
+        Path(tmp).chmod(0o755)
+        true = shutil.which("true") or "/bin/true"
+        inner = _nsbox_inner(env={"PATH": "/usr/bin:/bin"}, ro={}, rw={}, limits=Limits(), command=[true], etc={},
+                             root=root)
+        try:
+            r = subprocess.run([*_unshare_outer(), "--", *inner], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return Probe(False, None, f"unshare could not start: {exc}", mode="unshare")
+    if r.returncode != 0:
+        return Probe(False, None, "unshare: " + (r.stderr.strip() or f"exit code {r.returncode}")[:300], mode="unshare")
+    return Probe(True, None, "", mode="unshare")
 
 
 def _as_sandbox_user(argv: list[str]) -> list[str]:
@@ -238,8 +277,11 @@ def module_file(module: str) -> Path | None:
     return None
 
 
-def outer_argv(job_dir: Path, limits: Limits, command: list[str]) -> list[str]:
-    pr = probe()
+def outer_argv(job_dir: Path, limits: Limits, command: list[str], mode: str = "bwrap") -> list[str]:
+    """The job's outer sandbox around ``command`` (the supervisor; its last argument is the plan)."""
+    if mode == "unshare":
+        return [*_unshare_outer(), "--", sys.executable, "-I", "-S", NSBOX, "outer", command[-1]]
+    pr = probe("bwrap")
     features = pr.features
     size = ["--size", str(limits.shared_mb << 20)] if "--size" in features else []
     args = [pr.bwrap, *outer_namespaces(features), *system_binds(outer=True), *_proc_for_outer(),
@@ -254,9 +296,12 @@ def outer_argv(job_dir: Path, limits: Limits, command: list[str]) -> list[str]:
 
 
 def inner_argv(*, env: dict, ro: dict[str, str], rw: dict[str, str], limits: Limits, command: list[str],
-               etc: dict[str, Path]) -> list[str]:
+               etc: dict[str, Path], mode: str = "bwrap", root: Path | None = None, shared: Path | None = None) -> list[str]:
     """One rank's sandbox: ``ro``/``rw`` map paths inside ``/grade`` to host files."""
-    pr = probe()
+    if mode == "unshare":
+        return _nsbox_inner(env=env, ro=ro, rw={**rw, SHARED: str(shared)}, limits=limits, command=command, etc=etc,
+                            root=root)
+    pr = probe("bwrap")
     size = ["--size", str(limits.tmp_mb << 20)] if "--size" in pr.features else []
     args = [pr.bwrap, *inner_namespaces(pr.features), "--clearenv"]
     for k, v in sorted(env.items()):
@@ -272,3 +317,38 @@ def inner_argv(*, env: dict, ro: dict[str, str], rw: dict[str, str], limits: Lim
         args += ["--bind", str(src), dest]
     args += ["--remount-ro", "/", "--chdir", HOME, "--", *command]
     return _as_sandbox_user(args)
+
+
+# ------------------------------------------------------------------ without bubblewrap: unshare + nsbox.py
+NSBOX = str(Path(__file__).resolve().parent / "nsbox.py")
+
+
+def _unshare_outer() -> list[str]:
+    args = [shutil.which("unshare") or "unshare", "--net", "--ipc", "--uts", "--mount", "--propagation", "private",
+            "--fork", "--kill-child"]
+    if os.geteuid() != 0:
+        args += ["--user", "--map-root-user", "--pid", "--mount-proc"]
+    return args
+
+
+def _nsbox_inner(*, env: dict, ro: dict, rw: dict, limits: Limits, command: list[str], etc: dict, root) -> list[str]:
+    """``nsbox.py inner SPEC``: the same view of the machine as bubblewrap's inner sandbox."""
+    import json
+
+    sys_ro, links = [], []
+    for name in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
+        p = f"/{name}"
+        if os.path.islink(p):
+            links.append([p, os.readlink(p)])
+        elif os.path.isdir(p):
+            sys_ro.append(p)
+    files = [[p, p] for p in ("/etc/ld.so.cache", "/etc/localtime") if os.path.exists(p)]
+    files += [[dest, str(src)] for dest, src in etc.items()] + [[dest, str(src)] for dest, src in sorted(ro.items())]
+    size = limits.tmp_mb << 20
+    spec = {"root": str(root), "ro": ["/usr", *sys_ro, *_python_paths()], "symlinks": links, "ro_files": files,
+            "rw_files": [[dest, str(src)] for dest, src in sorted(rw.items())],
+            "hidden": [str(PACKAGE_DIR / rel) for rel in HIDDEN_DIRS if (PACKAGE_DIR / rel).is_dir()],
+            "tmpfs": [["/tmp", size, "1777"], [HOME, size, "0755"], ["/dev/shm", size, "1777"]],
+            "env": {k: str(v) for k, v in env.items()}, "cwd": HOME, "command": list(command),
+            "host_uid": os.geteuid() == 0}
+    return [sys.executable, "-I", "-S", NSBOX, "inner", json.dumps(spec)]
