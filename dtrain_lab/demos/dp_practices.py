@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
+from dtrain_lab.i18n import tr
 from dtrain_lab.jobs import runtime
 from dtrain_lab.data import classification_dataset, regression_dataset, shard
 from dtrain_lab.parallel.ddp import naive_allreduce_grads
@@ -118,11 +119,11 @@ def checkpoint(directory: str) -> None:
         opt.step()
         logged = loss.detach().clone()
         dist.all_reduce(logged)                  # on every rank: a collective is never inside `if rank == 0`
-        runtime.print0(f"step {step}: loss {logged.item() / rt.world_size:.4f} (mean over ranks)")
+        runtime.print0(tr("dpp_step_loss", step=step, loss=logged.item() / rt.world_size))
     if rt.rank == 0:                             # evaluation on one rank: the plain module, no collective
         with torch.no_grad():
             val = F.mse_loss(ddp.module(data.tensors[0][48:].to(rt.device)), data.tensors[1][48:].to(rt.device))
-        runtime.print0(f"validation loss on rank 0: {val.item():.4f}")
+        runtime.print0(tr("dpp_val_loss", loss=val.item()))
     path = os.path.join(directory, "checkpoint.pt")
     if rt.rank == 0:                             # one writer; write then rename, so no reader sees half a file
         state = {"model": ddp.module.state_dict(), "optimizer": opt.state_dict(), "step": 3}
@@ -153,7 +154,7 @@ def rank0_eval(fix: bool = False) -> None:
             net = ddp.module if fix else ddp     # the bug: `ddp` broadcasts its buffers in forward
             net(x)
         ddp.train()
-        print("rank 0: evaluation done")
+        print(tr("dpp_eval_done"))
     dist.barrier()                               # e.g. before saving a checkpoint
     runtime.report(passed=True)
 

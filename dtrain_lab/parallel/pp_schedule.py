@@ -98,7 +98,7 @@ def schedule(kind: str, num_stages: int, num_microbatches: int) -> list[list[Act
 
 def format_schedule(schedules: Sequence[Sequence[Action]]) -> str:
     """One line per stage: ``stage 0: F0 F1 B0 …``."""
-    return "\n".join(f"stage {s}: " + " ".join(str(as_action(a)) for a in acts)
+    return "\n".join(tr("pp_schedule_line", stage=s, actions=" ".join(str(as_action(a)) for a in acts))
                      for s, acts in enumerate(schedules))
 
 

@@ -9,22 +9,26 @@ import signal
 import sys
 import time
 
-from dtrain_lab.i18n import LabError, both
+from dtrain_lab.i18n import LabError, both, tr
 
 
-FAIL_ENV = {
-    "DTRAIN_FAIL_AT_STEP": "fail at this step (the first save at or after it, for mode ckpt)",
-    "DTRAIN_FAIL_RANK": "only this rank fails (default 0)",
-    "DTRAIN_FAIL_MODE": "exit (os._exit(code)), sigkill, ckpt (SIGKILL between temp file and rename), "
-                        "stall (sleep DTRAIN_FAIL_STALL_S seconds)",
-    "DTRAIN_FAIL_CODE": "exit code of mode exit (default 13)",
-    "DTRAIN_FAIL_ONCE_FILE": "a marker file: the failure happens only if it does not exist yet "
-                             "(created first), i.e. once across elastic restarts",
-    "DTRAIN_FAIL_STALL_S": "seconds a stall lasts (default 3600)",
+FAIL_ENV = {   # variable -> catalogue key of its meaning (describe_fail_env() renders them)
+    "DTRAIN_FAIL_AT_STEP": "rec_fail_at_step",
+    "DTRAIN_FAIL_RANK": "rec_fail_rank",
+    "DTRAIN_FAIL_MODE": "rec_fail_mode",
+    "DTRAIN_FAIL_CODE": "rec_fail_code",
+    "DTRAIN_FAIL_ONCE_FILE": "rec_fail_once_file",
+    "DTRAIN_FAIL_STALL_S": "rec_fail_stall_s",
 }
 """Several faults: ``;``-separated values, e.g. ``DTRAIN_FAIL_AT_STEP="6;12"``,
 ``DTRAIN_FAIL_RANK="1;0"``, ``DTRAIN_FAIL_MODE="sigkill;ckpt"`` (a single value applies to every
 fault); fault ``i`` uses the once-file ``<DTRAIN_FAIL_ONCE_FILE>.<i>``."""
+
+
+def describe_fail_env(lang: str | None = None) -> dict[str, str]:
+    """``{variable: what it does}`` in the learner's language."""
+    return {name: tr(key, lang) for name, key in FAIL_ENV.items()}
+
 FAIL_MODES = ("exit", "sigkill", "ckpt", "stall")
 _FAIL_DEFAULTS = {"DTRAIN_FAIL_RANK": "0", "DTRAIN_FAIL_MODE": "exit", "DTRAIN_FAIL_CODE": "13",
                   "DTRAIN_FAIL_STALL_S": "3600"}

@@ -46,7 +46,7 @@ from __future__ import annotations
 from dtrain_lab.resilience.checkpoint import (DEFAULT_KEEP, FOOTER, MAGIC, NAME_RE, checkpoint_path, checkpoints,
                                               latest, load, save, verify)
 from dtrain_lab.resilience.common import CheckpointError
-from dtrain_lab.resilience.faults import FAIL_ENV, FAIL_MODES, fault_point, maybe_fail
+from dtrain_lab.resilience.faults import FAIL_ENV, FAIL_MODES, describe_fail_env, fault_point, maybe_fail
 from dtrain_lab.resilience.heartbeat import Watchdog, heartbeat, read_heartbeats, stalled
 from dtrain_lab.resilience.resume import (DataPosition, ResumableDistributedSampler, TrainState, capture, restore,
                                           rng_state, set_rng_state)
@@ -57,7 +57,7 @@ __all__ = [
     "dcp_save", "dcp_load", "dcp_committed", "dcp_latest",
     "DataPosition", "ResumableDistributedSampler", "TrainState", "capture", "restore",
     "rng_state", "set_rng_state",
-    "FAIL_ENV", "FAIL_MODES", "maybe_fail", "fault_point",
+    "FAIL_ENV", "FAIL_MODES", "describe_fail_env", "maybe_fail", "fault_point",
     "heartbeat", "read_heartbeats", "stalled", "Watchdog",
     "DEFAULT_KEEP", "FOOTER", "MAGIC", "NAME_RE", "COMMIT_FILE",
 ]
