@@ -17,7 +17,7 @@ import os
 
 from dtrain_lab.grading.exercise import Exercise, Run, own_words, problem  # noqa: F401 (re-exported)
 
-LABS = ("lab02", "lab04", "lab05", "lab08", "lab09", "lab10", "lab11")   # every lab's checks module: checks/<lab>.py
+LABS = ("lab02", "lab04", "lab05", "lab08", "lab09", "lab10", "lab11", "lab13")   # every lab's checks module: checks/<lab>.py
 CHECKS_PACKAGE = "dtrain_lab.grading.checks"
 
 _REGISTRY: dict[str, Exercise] = {}
