@@ -65,7 +65,6 @@ def test_load_balancing_loss():
 
 def _loop_moe(moe, x):
     r = route(moe.router(x), moe.top_k, moe.capacity_factor)
-    y = torch.zeros_like(x)
     rows = []
     for i in range(x.shape[0]):
         acc = torch.zeros_like(x[i])

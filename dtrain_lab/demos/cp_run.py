@@ -53,7 +53,7 @@ def part_equal() -> dict:
         o = ring_attention(*local, causal=causal, layout=layout, stats=stats)
         o.backward(shard_sequence(dout, r, p, layout))
 
-        def diff(a, b):
+        def diff(a, b, layout=layout):
             return (a - shard_sequence(b, r, p, layout)).abs().max().item()
 
         out[f"{layout}_{'causal' if causal else 'full'}" + ("_gqa" if kv_heads == 1 else "")] = {

@@ -34,7 +34,8 @@ tensor-sharded).
 
 What divides what: ``dp · cp · tp · pp = world_size``; ``ep | dp · cp``; for a model
 (:meth:`ParallelDims.check_model`): ``tp | heads`` and ``tp | kv_heads``, ``pp ≤ layers``,
-``2·cp | seq_len`` (zig-zag; times tp with sequence parallelism) and ``ep | experts``. Every error names the factors and what to change.
+``2·cp | seq_len`` (zig-zag; times tp with sequence parallelism) and ``ep | experts``. Every error
+names the factors and what to change.
 """
 from __future__ import annotations
 

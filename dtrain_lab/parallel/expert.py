@@ -23,8 +23,9 @@ parameters grow ``E``-fold while the compute per token grows ``top_k``-fold.
 
 Bytes each rank hands to the All-to-Alls per step and layer: ``2 · (N_sent + N_received) · d · b``
 (dispatch and combine, forward and backward), of which the rows for its own experts stay local;
-plus ``E`` counts (see :func:`moe_comm_bytes`); balanced routing makes it ``4 · T · k · d · b``. With one rank (``group`` of size 1 or
-none) the layer is plain code: the same routing, no communication.
+plus ``E`` counts (see :func:`moe_comm_bytes`); balanced routing makes it ``4 · T · k · d · b``.
+With one rank (``group`` of size 1 or none) the layer is plain code: the same routing, no
+communication.
 """
 from __future__ import annotations
 

@@ -113,7 +113,7 @@ def _fake_pass(block, cfg: ModelConfig, tokens, dtype, ckpt: bool, input_grad: b
             return t
 
         transient = 0
-        for it in range(2):           # the second pass finds last pass's gradients and accumulates into them
+        for _ in range(2):            # the second pass finds last pass's gradients and accumulates into them
             saved.clear()
             storages.clear()
             with CommDebugMode() as cdm, PeakMemory(block) as mem:

@@ -1,7 +1,7 @@
 """Wrong: skips the exchange of counts and assumes every rank receives what it sends (splits do not match)."""
 import torch
 import torch.distributed as dist
-from dtrain_lab.grading.lab13 import EXPERTS_PER_RANK, apply_expert, moe
+from dtrain_lab.grading.lab13 import EXPERTS_PER_RANK, moe
 
 
 def moe_layer(x, dest, first, weights):
