@@ -98,7 +98,7 @@ def test_symlinked_submission_is_refused(tmp_path):
 
 def test_registry_lists_bilingual_exercises():
     ex = exercises("lab_10")
-    assert len(ex) == 8
+    assert len(ex) == len(PROGRAMS) >= 8    # one per %%writefile cell of the lab
     for e in ex:
         assert e["title"]["en"] and any("\u4e00" <= c <= "\u9fff" for c in e["title"]["zh"])
         assert e["file"].endswith(".py")
@@ -179,3 +179,15 @@ def test_check_cell_is_a_self_check_without_a_sandbox(monkeypatch, tmp_path, cap
     v = check("lab10.rank_branch", str(f), lang="en")
     assert v.passed and v.details["self_check"] and not v.details["sandboxed"]
     assert "self-check, not a grade" in capsys.readouterr().out
+
+
+def test_learner_copies_never_import_the_checks_or_a_reference():
+    """The learner copies (labs/) import only the labs' contract modules: never the checks, never a
+    reference answer (issue 15: lab 05 printed reference_bounds, lab 08 reference_1f1b's schedule)."""
+    found = []
+    for path in sorted(ROOT.glob("labs/*/*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            if cell["cell_type"] == "code" and ("grading.checks" in src or "reference_" in src):
+                found.append(f"{path.relative_to(ROOT)}: {src[:60]!r}")
+    assert not found, found

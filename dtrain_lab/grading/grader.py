@@ -13,6 +13,7 @@ chosen for this grade, :mod:`dtrain_lab.grading.contract`).
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import stat
 from dataclasses import asdict, dataclass, field
@@ -182,6 +183,9 @@ def _exception(ro, lang: str) -> str:
     """How rank ``ro`` ended, in one line: its exception, a signal, or its exit code."""
     if ro.error and ro.error.get("type"):
         return channel.cut(f"{ro.error['type']}: {ro.error.get('message', '')}", 400)
+    native = re.search(r"terminate called after throwing an instance of '([^']+)'\s*\n\s*what\(\):\s*(.+)", ro.stderr)
+    if native:   # a C++ exception ended the rank (gloo's checks do): std::terminate, no Python traceback
+        return channel.cut(f"{native.group(1)} (C++ abort): {native.group(2).strip()}", 400)
     if ro.signal == "SIGXFSZ":
         return tr("grade_file_limit", lang, mb=sandboxing.Limits().file_mb)
     if ro.signal:
