@@ -134,3 +134,32 @@ def test_decoy_allreduces_and_tampering_with_the_checks_get_no_score():
     # and its registry of checks are as they were
     assert not any("REDTEAM_FAKE_CHECKS" in p.read_text(errors="replace") for p in grading.rglob("*.py"))
     assert registry.get("lab02.sync").checks and registry.get("lab02.sync").job_checks
+
+
+# Attacks the red team found succeeding, closed since: each must now fail. (A flat all-reduce issued
+# through the ProcessGroup object, under the tracer, still passes lab10.hierarchical: the trace is
+# self-reported; the instructor guide's "what the grader proves" table says so.)
+CLOSED = [
+    # every rank wrote its loss into /shared and read the others': /shared is now mounted only for
+    # exercises about a file all ranks see (Exercise.shared)
+    ("lab10.rank_branch", "shared_files_rank_branch.py"),
+    # the message's recipe passed through the process group's store, no send/recv at all: every rank
+    # must now have received through a point-to-point call
+    ("lab10.send_send", "store_send_send.py"),
+    # readers poll until the text has the length it always had: the length is now drawn per grade
+    ("lab10.barrier_rank0", "barrier_race.py"),
+    # the hidden reference loaded from its compiled .pyc: every __pycache__ of the package is hidden
+    ("lab04.topk_ef", "hidden_reference_from_pyc.py"),
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("exercise,name", CLOSED, ids=[n for _, n in CLOSED])
+def test_closed_attacks_no_longer_score(exercise, name, tmp_path):
+    from dtrain_lab.grading import registry
+
+    path = tmp_path / registry.get(exercise).filename
+    shutil.copyfile(REDTEAM / name, path)
+    v = grade(exercise, path, lang="en")
+    assert not v.passed and v.score == 0, v.feedback
+    assert len(v.feedback) < 8000

@@ -2,6 +2,7 @@
 reports what it can see and do; the test compares with what the sandbox promises
 (dtrain_lab/grading/sandbox.py). One launch answers most questions. Skipped, with the reason,
 where this machine cannot build the sandbox (no bubblewrap, or user namespaces not allowed)."""
+import json
 import os
 import sys
 import threading
@@ -128,7 +129,7 @@ def test_inside_the_sandbox(mode, tmp_path, monkeypatch):
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    res, inputs = run_probe(tmp_path, mode=mode)
+    res, inputs = run_probe(tmp_path, mode=mode, shared=True)
     seen["done"] = True
     watcher.join()
     assert res.ok, [(r.code, r.stderr[-2000:]) for r in res.ranks]
@@ -208,3 +209,6 @@ def test_probe_reason_names_what_is_missing(monkeypatch):
 def test_job_folder_is_gone_after_the_run(tmp_path):
     res, _ = run_probe(tmp_path, world=1)
     assert res.ok and not Path(res.job_dir).exists()
+    # an exercise that does not ask for /shared gets no folder the ranks could pass data through
+    out = json.loads(res.ranks[0].result)
+    assert out["shared_fill"][0] == "FileNotFoundError", out["shared_fill"]

@@ -55,6 +55,7 @@ class Exercise:
     consistent_collectives: bool = True   # every rank must issue the same collectives in order
     memory_limit_gb: float = 4.0
     lab: str = ""
+    shared: bool = False            # the ranks see one folder they can all write (/shared): file exercises only
     make_inputs: Callable[[int, int], list] | None = None   # (seed, world_size) -> per-rank inputs
     hidden: list = field(default_factory=list)
     static_check: Callable[[str, Any], list] | None = None

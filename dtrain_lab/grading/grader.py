@@ -236,7 +236,7 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, sandboxed: bool) -> Ver
             exercise=ex.id, entry=ex.entry, submission=path, world_size=n, inputs=encoded, timeout=ex.timeout,
             startup_timeout=max(60.0, ex.timeout), env=dict(scenario.get("env", {})),
             max_restarts=scenario.get("max_restarts", 0), pg_timeout=ex.pg_timeout, setup=ex.setup, hide=ex.hide,
-            limits=sandboxing.Limits(memory_gb=ex.memory_limit_gb), sandboxed=sandboxed, lang=lang))
+            limits=sandboxing.Limits(memory_gb=ex.memory_limit_gb), sandboxed=sandboxed, lang=lang, shared=ex.shared))
         elapsed += res.elapsed
         runs.append({"world_size": n, "elapsed": round(res.elapsed, 3), "sandboxed": res.sandboxed, "mode": res.mode,
                      "job": Path(res.job_dir).name,

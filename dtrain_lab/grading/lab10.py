@@ -44,7 +44,9 @@ def make_inputs(seed: int, world: int) -> list[dict]:
             "stats": {"loss": round(g.uniform(0.1, 5.0), 6), "correct": float(g.randint(1, 500))},
             "message": {"fill": round(g.uniform(-100.0, 100.0), 3),
                         "spots": [[g.randrange(MESSAGE_NUMEL), round(g.uniform(-1e3, 1e3), 2)] for _ in range(3)]},
-            "checkpoint": ({"text": f"step {g.randint(100, 999)} checkpoint {g.getrandbits(48):012x}",
+            # a length no reader can know in advance: polling until "enough" bytes arrived is a race
+            "checkpoint": ({"text": f"step {g.randint(1, 10 ** g.randint(1, 9))} checkpoint "
+                                    f"{g.getrandbits(4 * g.randint(4, 40)):x}",
                             "delay": round(g.uniform(1.5, 3.0), 2)} if r == 0 else None),
             "micro": [round(g.uniform(0.5, 8.0), 4) for _ in range(micro_counts[r])],
             "grad": [round(g.uniform(-5.0, 5.0), 4) for _ in range(GRAD_NUMEL)],

@@ -62,6 +62,7 @@ class JobSpec:
     sandboxed: bool = True
     lang: str = "en"
     mode: str | None = None          # "bwrap" or "unshare"; None: what sandbox.probe() found
+    shared: bool = False             # mount the job's /shared in every rank (Exercise.shared)
 
 
 @dataclass
@@ -173,14 +174,14 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
                    "PYTHONPATH": str(sandbox.PACKAGE_DIR.parent), "TMPDIR": "/tmp",
                    "DTRAIN_GRADE_IO": f"{sandbox.IO}/out", "DTRAIN_GRADE_INPUTS": f"{sandbox.IO}/inputs",
                    "DTRAIN_GRADE_SPEC": f"{sandbox.IO}/spec.json", "DTRAIN_GRADE_SUBMISSION": f"{sandbox.IO}/submission.py",
-                   "DTRAIN_GRADE_SHARED": sandbox.SHARED}
+                   **({"DTRAIN_GRADE_SHARED": sandbox.SHARED} if spec.shared else {})}
             ro = {f"{sandbox.IO}/inputs": rdir / "inputs", f"{sandbox.IO}/spec.json": job_dir / "spec.json",
                   f"{sandbox.IO}/submission.py": job_dir / "submission.py", **hidden}
             rw = {f"{sandbox.IO}/out/{name}": f"{adir_t}/{name}" for name in RW_FILES}
             root = rdir / "nsroot"
             root.mkdir(mode=0o755)
             argv = sandbox.inner_argv(env=env, ro=ro, rw=rw, limits=spec.limits, command=command, etc=etc, mode=mode,
-                                      root=root, shared=shared)
+                                      root=root, shared=shared, share=spec.shared)
             env_for_supervisor = {"PATH": "/usr/bin:/bin"}
         else:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("DTRAIN_GRADE", "DTRAIN_HIDDEN"))}

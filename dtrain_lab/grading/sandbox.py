@@ -48,6 +48,16 @@ SANDBOX_UID = 65534
 PACKAGE_DIR = Path(__file__).resolve().parents[1]          # .../dtrain_lab
 REPO_DIR = PACKAGE_DIR.parent
 HIDDEN_DIRS = ("grading/checks",)                          # relative to the package: never inside
+
+
+def hidden_dirs() -> list[str]:
+    """Folders replaced by an empty, read-only tmpfs in every rank: the checks, and every
+    ``__pycache__`` of the package (a compiled copy of a module an exercise hides would otherwise
+    load with ``SourcelessFileLoader``; inside, Python compiles the package in memory)."""
+    out = [str(PACKAGE_DIR / rel) for rel in HIDDEN_DIRS if (PACKAGE_DIR / rel).is_dir()]
+    out += sorted(str(p) for p in PACKAGE_DIR.rglob("__pycache__")
+                  if p.is_dir() and not any(str(p).startswith(h + "/") for h in out))
+    return out
 IO = "/grade"                                              # the rank's own folder inside its sandbox
 SHARED = "/shared"
 HOME = "/home/learner"
@@ -221,10 +231,9 @@ def system_binds(outer: bool = False) -> list[str]:
         if root_outer:
             args += _traversable_parents(p)
         args += ["--ro-bind", p, p]
-    for rel in HIDDEN_DIRS:
-        hidden = PACKAGE_DIR / rel
-        if hidden.is_dir():
-            args += ["--tmpfs", str(hidden)]
+    for hidden in hidden_dirs():
+        # read-only: an empty tmpfs the sandbox user could otherwise fill (no --size: half the RAM)
+        args += ["--tmpfs", hidden, "--remount-ro", hidden]
     return args
 
 
@@ -296,10 +305,14 @@ def outer_argv(job_dir: Path, limits: Limits, command: list[str], mode: str = "b
 
 
 def inner_argv(*, env: dict, ro: dict[str, str], rw: dict[str, str], limits: Limits, command: list[str],
-               etc: dict[str, Path], mode: str = "bwrap", root: Path | None = None, shared: Path | None = None) -> list[str]:
-    """One rank's sandbox: ``ro``/``rw`` map paths inside ``/grade`` to host files."""
+               etc: dict[str, Path], mode: str = "bwrap", root: Path | None = None, shared: Path | None = None,
+               share: bool = True) -> list[str]:
+    """One rank's sandbox: ``ro``/``rw`` map paths inside ``/grade`` to host files. ``share``: whether
+    the rank sees the job's ``/shared`` folder (only exercises about files all ranks see need it: a
+    folder every rank can write is a channel around the collectives)."""
     if mode == "unshare":
-        return _nsbox_inner(env=env, ro=ro, rw={**rw, SHARED: str(shared)}, limits=limits, command=command, etc=etc,
+        shared_rw = {SHARED: str(shared)} if share else {}
+        return _nsbox_inner(env=env, ro=ro, rw={**rw, **shared_rw}, limits=limits, command=command, etc=etc,
                             root=root)
     pr = probe("bwrap")
     size = ["--size", str(limits.tmp_mb << 20)] if "--size" in pr.features else []
@@ -310,12 +323,14 @@ def inner_argv(*, env: dict, ro: dict[str, str], rw: dict[str, str], limits: Lim
     for dest, src in etc.items():
         args += ["--ro-bind", str(src), dest]
     args += [*size, "--tmpfs", "/tmp", *size, "--tmpfs", HOME, *size, "--tmpfs", "/dev/shm",
-             "--bind", SHARED, SHARED, "--dir", IO]
+             *(["--bind", SHARED, SHARED] if share else []), "--dir", IO]
     for dest, src in sorted(ro.items()):
         args += ["--ro-bind", str(src), dest]
     for dest, src in sorted(rw.items()):
         args += ["--bind", str(src), dest]
-    args += ["--remount-ro", "/", "--chdir", HOME, "--", *command]
+    # /dev is a writable tmpfs of bubblewrap's (half the RAM): read-only, device nodes still work;
+    # /dev/shm stays the rank's own size-limited tmpfs
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", HOME, "--", *command]
     return _as_sandbox_user(args)
 
 
@@ -347,7 +362,7 @@ def _nsbox_inner(*, env: dict, ro: dict, rw: dict, limits: Limits, command: list
     size = limits.tmp_mb << 20
     spec = {"root": str(root), "ro": ["/usr", *sys_ro, *_python_paths()], "symlinks": links, "ro_files": files,
             "rw_files": [[dest, str(src)] for dest, src in sorted(rw.items())],
-            "hidden": [str(PACKAGE_DIR / rel) for rel in HIDDEN_DIRS if (PACKAGE_DIR / rel).is_dir()],
+            "hidden": hidden_dirs(),
             "tmpfs": [["/tmp", size, "1777"], [HOME, size, "0755"], ["/dev/shm", size, "1777"]],
             "env": {k: str(v) for k, v in env.items()}, "cwd": HOME, "command": list(command),
             "host_uid": os.geteuid() == 0}

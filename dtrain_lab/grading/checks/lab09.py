@@ -197,9 +197,9 @@ SCENARIOS = (
 )
 
 EXERCISES = [
-    Exercise(id="lab09.atomic_save", lab=LAB, entry="run", filename="lab09_atomic_save.py", timeout=30,
+    Exercise(id="lab09.atomic_save", lab=LAB, shared=True, entry="run", filename="lab09_atomic_save.py", timeout=30,
              title=rendered("lab09_title_atomic_save"), checks=[_check_atomic], world_sizes=(1,)),
-    Exercise(id="lab09.resume", lab=LAB, entry="run", filename="lab09_resume.py", timeout=60,
+    Exercise(id="lab09.resume", lab=LAB, shared=True, entry="run", filename="lab09_resume.py", timeout=60,
              title=rendered("lab09_title_resume"), checks=[_check_resume], world_sizes=(2,),
              consistent_collectives=False, runs=SCENARIOS, setup="dtrain_lab.grading.lab09:arm_fault",
              explain=_explain_resume, make_inputs=contract.make_inputs),

@@ -103,6 +103,12 @@ def _no_send_send(run):
         firsts[rank] = p2p[0]["op"] if p2p else None
     if len(firsts) == 2 and all(op == "send" for op in firsts.values()):
         return [problem("lab10_send_send")]
+    # the exercise is a point-to-point exchange: a rank that received nothing got its peer's tensor
+    # some other way (the store, a socket); self-reported, so an honest detour is caught, a forged
+    # trace is not (instructor guide, "what the grader proves")
+    if any(not any(c.get("op") in ("recv", "irecv", "batch_isend_irecv") for c in calls)
+           for calls in run.traces.values()) or len(run.traces) < run.world_size:
+        return [problem("lab10_no_p2p")]
     return []
 
 
@@ -182,7 +188,7 @@ EXERCISES = [
     _exercise("send_send", ("6 · Blocking send/send between two ranks", "6 · 两个 rank 互相阻塞 send"),
               [_check_exchange], job_checks=[_no_send_send], world_sizes=(2,)),
     _exercise("barrier_rank0", ("7 · A barrier inside `if rank == 0`", "7 · 写在 `if rank == 0` 里的 barrier"),
-              [_check_shared_file], job_checks=[_readers_wait_for_writer], timeout=15),
+              [_check_shared_file], job_checks=[_readers_wait_for_writer], timeout=15, shared=True),
     _exercise("accum_steps", ("8 · Accumulation steps that differ per rank", "8 · 各 rank 的梯度累积步数不同"),
               [_check_accum]),
     _exercise("hierarchical", ("9 · Hierarchical all-reduce: the leaders' group", "9 · 分层 All-Reduce：主 rank 的进程组"),
