@@ -178,7 +178,7 @@ def rehash(keys: list[str]) -> list[str]:
         text = path.read_text(encoding="utf-8")
         new = english_hash(catalogue()[key]["en"])
         pattern = re.compile(r"(^\[" + re.escape(key) + r"\]\n(?:(?!^\[).*\n)*?zh_from = )\"[0-9a-f]*\"", re.M)
-        text, n = pattern.subn(lambda m: m.group(1) + f'"{new}"', text)
+        text, n = pattern.subn(lambda m, new=new: m.group(1) + f'"{new}"', text)
         if n == 1:
             path.write_text(text, encoding="utf-8")
             done.append(key)
