@@ -140,6 +140,14 @@ def test_no_language_branches_or_private_tables_outside_the_catalogue():
                 keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
                 if LANG_CONSTS <= keys:
                     found.append(f"{rel}:{node.lineno} a private {{'zh': ..., 'en': ...}} table")
+            if isinstance(node, ast.Call) and _call_name(node) == "zip" and node.args and \
+                    isinstance(node.args[0], (ast.Tuple, ast.List)) and \
+                    {getattr(e, "value", None) for e in node.args[0].elts} == LANG_CONSTS:
+                found.append(f"{rel}:{node.lineno} a private table zipped onto ('en', 'zh')")
+            if isinstance(node, ast.DictComp) and any(
+                    isinstance(g.iter, (ast.Tuple, ast.List)) and
+                    {getattr(e, "value", None) for e in g.iter.elts} == LANG_CONSTS for g in node.generators):
+                found.append(f"{rel}:{node.lineno} a private table built per language")
             if isinstance(node, ast.Call) and _call_name(node) == "dict" and \
                     LANG_CONSTS <= {k.arg for k in node.keywords}:
                 found.append(f"{rel}:{node.lineno} a private dict(zh=..., en=...) table")

@@ -44,10 +44,11 @@ def make_inputs(seed: int, world: int) -> list[dict]:
             "stats": {"loss": round(g.uniform(0.1, 5.0), 6), "correct": float(g.randint(1, 500))},
             "message": {"fill": round(g.uniform(-100.0, 100.0), 3),
                         "spots": [[g.randrange(MESSAGE_NUMEL), round(g.uniform(-1e3, 1e3), 2)] for _ in range(3)]},
-            # a length no reader can know in advance: polling until "enough" bytes arrived is a race
-            "checkpoint": ({"text": f"step {g.randint(1, 10 ** g.randint(1, 9))} checkpoint "
-                                    f"{g.getrandbits(4 * g.randint(4, 40)):x}",
-                            "delay": round(g.uniform(1.5, 3.0), 2)} if r == 0 else None),
+            # the writer saves 1-3 earlier checkpoints first (each complete), then the real one; every
+            # write pauses half-way: only a synchronisation after the write tells a reader it is done
+            "checkpoint": ({"text": _checkpoint_text(g),
+                            "earlier": [_checkpoint_text(g) for _ in range(g.randint(1, 3))],
+                            "delay": round(g.uniform(0.4, 0.8), 2)} if r == 0 else None),
             "micro": [round(g.uniform(0.5, 8.0), 4) for _ in range(micro_counts[r])],
             "grad": [round(g.uniform(-5.0, 5.0), 4) for _ in range(GRAD_NUMEL)],
         })
@@ -110,6 +111,10 @@ def my_message():
 
 
 # ------------------------------------------------------------------ 7. barrier inside if rank == 0
+def _checkpoint_text(g) -> str:
+    return f"step {g.randint(100, 999)} checkpoint {g.getrandbits(48):012x}"
+
+
 def checkpoint_path() -> str:
     """Where rank 0 writes the checkpoint and the other ranks read it (a folder every rank sees)."""
     return os.path.join(contract.shared_dir(), CHECKPOINT_NAME)
@@ -117,19 +122,24 @@ def checkpoint_path() -> str:
 
 def write_checkpoint(path: str) -> None:
     """Rank 0 only: write the checkpoint's text to ``path``. It is slow, as writing a real checkpoint
-    is (the first half, a pause the grader chooses, the rest): a reader that does not wait for it
-    reads nothing or half of it."""
+    is (the first half, a pause the grader chooses, the rest), and it first saves one to three
+    earlier checkpoints to the same file: a reader that does not wait for it reads nothing, half of
+    one, or an old one."""
     mine = _mine()
     if not mine.get("checkpoint"):
         from dtrain_lab.i18n import LabError
 
         raise LabError("lab10_writer_only")
-    text, delay = mine["checkpoint"]["text"], float(mine["checkpoint"]["delay"])
-    with open(path, "w") as f:
-        f.write(text[: len(text) // 2])
-        f.flush()
-        time.sleep(delay)
-        f.write(text[len(text) // 2:])
+    delay = float(mine["checkpoint"]["delay"])
+    earlier = mine["checkpoint"].get("earlier", [])
+    for i, text in enumerate([*earlier, mine["checkpoint"]["text"]]):
+        with open(path, "w") as f:
+            f.write(text[: len(text) // 2])
+            f.flush()
+            time.sleep(delay)
+            f.write(text[len(text) // 2:])
+        if i < len(earlier):
+            time.sleep(delay)   # an earlier checkpoint stays complete for a while, as a real one would
 
 
 # ------------------------------------------------------------------ 8. accumulation steps

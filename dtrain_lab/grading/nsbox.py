@@ -106,6 +106,12 @@ def outer(plan_path: str) -> None:
 def _build_root(spec: dict) -> str:
     root = spec["root"]
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=0755")
+    owner = f",uid={SANDBOX_UID},gid={SANDBOX_UID}" if spec["host_uid"] else ""
+    # the private tmpfs mounts first: a course installed under /tmp (a fresh clone, CI) is bound
+    # on top of the rank's /tmp, not hidden by it
+    for dest, size, mode in spec["tmpfs"]:
+        os.makedirs(root + dest, mode=0o755, exist_ok=True)
+        mount("tmpfs", root + dest, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode}{owner}")
     for source in spec["ro"]:
         bind(root, source, source, True)
     for link, target in spec["symlinks"]:
@@ -116,10 +122,6 @@ def _build_root(spec: dict) -> str:
         bind(root, source, dest, False)
     for dest in spec["hidden"]:
         mount("tmpfs", root + dest, "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
-    owner = f",uid={SANDBOX_UID},gid={SANDBOX_UID}" if spec["host_uid"] else ""
-    for dest, size, mode in spec["tmpfs"]:
-        os.makedirs(root + dest, mode=0o755, exist_ok=True)
-        mount("tmpfs", root + dest, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode}{owner}")
     os.makedirs(root + "/dev", mode=0o755, exist_ok=True)
     for name in DEVICES:
         bind(root, f"/dev/{name}", f"/dev/{name}", False)

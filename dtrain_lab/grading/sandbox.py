@@ -205,8 +205,8 @@ def _python_paths() -> tuple:
     out = {str(PACKAGE_DIR)}
     for p in found:
         for q in {os.path.abspath(p), os.path.realpath(p)} if p else ():
-            if os.path.isdir(q) and not repo.startswith(q.rstrip("/") + "/") and q != "/usr" \
-                    and not q.startswith(("/usr/", "/proc", "/tmp")):
+            if os.path.isdir(q) and not repo.startswith(q.rstrip("/") + "/") and q not in ("/usr", "/tmp") \
+                    and not q.startswith(("/usr/", "/proc")):
                 out.add(q)
     out = sorted(out)
     return tuple(p for p in out if not _covered(p, out))
@@ -319,10 +319,12 @@ def inner_argv(*, env: dict, ro: dict[str, str], rw: dict[str, str], limits: Lim
     args = [pr.bwrap, *inner_namespaces(pr.features), "--clearenv"]
     for k, v in sorted(env.items()):
         args += ["--setenv", k, str(v)]
+    # the private /tmp first: a course installed under /tmp (a fresh clone, CI) is bound on top of it
+    args += [*size, "--tmpfs", "/tmp"]
     args += system_binds() + ["--proc", "/proc", "--dev", "/dev"]
     for dest, src in etc.items():
         args += ["--ro-bind", str(src), dest]
-    args += [*size, "--tmpfs", "/tmp", *size, "--tmpfs", HOME, *size, "--tmpfs", "/dev/shm",
+    args += [*size, "--tmpfs", HOME, *size, "--tmpfs", "/dev/shm",
              *(["--bind", SHARED, SHARED] if share else []), "--dir", IO]
     for dest, src in sorted(ro.items()):
         args += ["--ro-bind", str(src), dest]

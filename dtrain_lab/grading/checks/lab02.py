@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab02 as contract
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, problem
@@ -232,15 +233,15 @@ def _check_overlap(run, rank, result):
 
 
 def _exercise(name, title, checks, **kw) -> Exercise:
-    return Exercise(id=f"lab02.{name}", lab=LAB, filename=f"lab02_{name}.py", timeout=20, title=dict(zip(("en", "zh"), title)),
+    return Exercise(id=f"lab02.{name}", lab=LAB, filename=f"lab02_{name}.py", timeout=20, title=title,
                     checks=checks, make_inputs=contract.make_inputs, hide=HIDE, **kw)
 
 
 EXERCISES = [
-    _exercise("buckets", ("1 · Assign parameters to gradient buckets", "1 · 把参数分进梯度桶"), [_check_buckets],
+    _exercise("buckets", rendered("lab02_title_buckets"), [_check_buckets],
               world_sizes=(1,)),
-    _exercise("sync", ("2 · One all-reduce per bucket", "2 · 每个桶一次 All-Reduce"), [_check_training],
+    _exercise("sync", rendered("lab02_title_sync"), [_check_training],
               job_checks=[_one_allreduce_per_bucket], world_sizes=(2, 3)),
-    _exercise("overlap", ("3 · Overlap the all-reduces with backward", "3 · 让 All-Reduce 与反向传播重叠"), [_check_overlap],
+    _exercise("overlap", rendered("lab02_title_overlap"), [_check_overlap],
               job_checks=[_one_allreduce_per_bucket], world_sizes=(2, 3)),
 ]

@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab04 as contract
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, combine, problem
@@ -191,11 +192,11 @@ def _check_ef(run, rank, result):
 
 EXERCISES = [
     Exercise(id="lab04.sparse_allreduce", lab=LAB, filename="lab04_sparse_allreduce.py", timeout=20,
-             title=dict(zip(("en", "zh"), ("1 · A sparse all-reduce from all-gathers", "1 · 用 All-Gather 实现稀疏 All-Reduce"))),
+             title=rendered("lab04_title_sparse_allreduce"),
              checks=[_check_sparse], job_checks=[_no_summed_indices_or_dense({n for _, n, _ in contract.SPARSE_CASES})],
              explain=_explain_gather, world_sizes=(2, 3), make_inputs=contract.make_inputs, hide=HIDE),
     Exercise(id="lab04.topk_ef", lab=LAB, filename="lab04_topk_ef.py", timeout=20,
-             title=dict(zip(("en", "zh"), ("2 · Top-k with error feedback", "2 · 带误差反馈的 Top-k"))),
+             title=rendered("lab04_title_topk_ef"),
              checks=[_check_ef], job_checks=[_no_summed_indices_or_dense({n for _, n, _, _ in contract.EF_CASES})],
              explain=_explain_gather, world_sizes=(2, 3), make_inputs=contract.make_inputs, hide=HIDE),
 ]

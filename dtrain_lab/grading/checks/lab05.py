@@ -20,6 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab05 as contract
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, combine, problem
@@ -352,14 +353,14 @@ def _check_clip(run, rank, result):
 
 def _exercise(name, title, checks, **kw) -> Exercise:
     return Exercise(id=f"lab05.{name}", lab=LAB, filename=f"lab05_{name}.py", timeout=20,
-                    title=dict(zip(("en", "zh"), title)), checks=checks, make_inputs=contract.make_inputs, hide=HIDE, **kw)
+                    title=title, checks=checks, make_inputs=contract.make_inputs, hide=HIDE, **kw)
 
 
 EXERCISES = [
-    _exercise("shard_bounds", ("1 · Cut the flat parameters into equal shards", "1 · 把扁平参数切成等长分片"),
+    _exercise("shard_bounds", rendered("lab05_title_shard_bounds"),
               [_check_bounds], world_sizes=(1,)),
-    _exercise("zero1", ("2 · ZeRO-1: Adam with sharded state", "2 · ZeRO-1：分片保存状态的 Adam"), [_check_zero1],
+    _exercise("zero1", rendered("lab05_title_zero1"), [_check_zero1],
               job_checks=[_shards_all_gathered], explain=_explain_sizes, world_sizes=(2, 3)),
-    _exercise("clip", ("3 · Clip by the global norm of a sharded gradient", "3 · 按分片梯度的全局范数裁剪"), [_check_clip],
+    _exercise("clip", rendered("lab05_title_clip"), [_check_clip],
               job_checks=[_shards_all_gathered], explain=_explain_sizes, world_sizes=(2, 3)),
 ]

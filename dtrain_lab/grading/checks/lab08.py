@@ -20,6 +20,7 @@ import re
 
 import torch
 
+from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab08 as contract
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, problem
@@ -254,10 +255,10 @@ def _explain_run(outcome: str, feedback: str, source: str) -> list:
 
 EXERCISES = [
     Exercise(id="lab08.schedule", lab=LAB, filename="lab08_schedule.py", timeout=20,
-             title=dict(zip(("en", "zh"), ("1 · The 1F1B schedule", "1 · 1F1B 调度"))),
+             title=rendered("lab08_title_schedule"),
              checks=[_check_schedule], world_sizes=(1,), make_inputs=contract.make_inputs, hide=HIDE),
     Exercise(id="lab08.run_1f1b", lab=LAB, filename="lab08_run_1f1b.py", timeout=15,
-             title=dict(zip(("en", "zh"), ("2 · Run 1F1B on two ranks", "2 · 在两个 rank 上运行 1F1B"))),
+             title=rendered("lab08_title_run_1f1b"),
              checks=[_check_run], job_checks=[_no_blocking_send], explain=_explain_run, world_sizes=(2,),
              make_inputs=contract.make_inputs, hide=HIDE),
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab10 as contract
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, problem
@@ -167,31 +168,29 @@ def _two_levels(run):
     return []
 
 
-def _exercise(name: str, title: tuple, checks, **kw) -> Exercise:
-    en, zh = title
+def _exercise(name: str, title: dict, checks, **kw) -> Exercise:
     return Exercise(id=f"lab10.{name}", lab=LAB, filename=f"lab10_{name}.py", timeout=kw.pop("timeout", 10),
-                    title=dict(zip(("en", "zh"), (en, zh))), checks=checks, make_inputs=contract.make_inputs,
+                    title=title, checks=checks, make_inputs=contract.make_inputs,
                     world_sizes=kw.pop("world_sizes", (2, 3)), **kw)
 
 
 EXERCISES = [
-    _exercise("rank_branch", ("1 · A collective under a rank-only branch", "1 · 只在某个 rank 分支里调用的集合通信"),
+    _exercise("rank_branch", rendered("lab10_title_rank_branch"),
               [_check_mean_loss]),
-    _exercise("rank0_eval", ("2 · Rank-0-only validation, then a broadcast", "2 · 只在 rank 0 上验证，再广播结果"),
+    _exercise("rank0_eval", rendered("lab10_title_rank0_eval"),
               [_check_val]),
-    _exercise("uneven_batches", ("3 · Uneven numbers of batches per rank", "3 · 各 rank 的 batch 数不一样"),
+    _exercise("uneven_batches", rendered("lab10_title_uneven_batches"),
               [_check_uneven]),
-    _exercise("swallowed_exception", ("4 · An exception swallowed with `continue` on one rank",
-                                      "4 · 某个 rank 用 `continue` 吞掉了异常"), [_check_swallowed]),
-    _exercise("collective_order", ("5 · Collectives issued in different orders", "5 · 各 rank 发起集合通信的顺序不同"),
+    _exercise("swallowed_exception", rendered("lab10_title_swallowed_exception"), [_check_swallowed]),
+    _exercise("collective_order", rendered("lab10_title_collective_order"),
               [_check_order]),
-    _exercise("send_send", ("6 · Blocking send/send between two ranks", "6 · 两个 rank 互相阻塞 send"),
+    _exercise("send_send", rendered("lab10_title_send_send"),
               [_check_exchange], job_checks=[_no_send_send], world_sizes=(2,)),
-    _exercise("barrier_rank0", ("7 · A barrier inside `if rank == 0`", "7 · 写在 `if rank == 0` 里的 barrier"),
+    _exercise("barrier_rank0", rendered("lab10_title_barrier_rank0"),
               [_check_shared_file], job_checks=[_readers_wait_for_writer], timeout=15, shared=True),
-    _exercise("accum_steps", ("8 · Accumulation steps that differ per rank", "8 · 各 rank 的梯度累积步数不同"),
+    _exercise("accum_steps", rendered("lab10_title_accum_steps"),
               [_check_accum]),
-    _exercise("hierarchical", ("9 · Hierarchical all-reduce: the leaders' group", "9 · 分层 All-Reduce：主 rank 的进程组"),
+    _exercise("hierarchical", rendered("lab10_title_hierarchical"),
               [_check_hierarchical], job_checks=[_two_levels], world_sizes=(3, 4), timeout=20,
               hide=("dtrain_lab.comm.hierarchical",)),
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab13 as contract
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, problem
@@ -124,13 +125,11 @@ def _explain_moe(outcome: str, feedback: str, source: str) -> list:
 
 EXERCISES = [
     Exercise(id="lab13.ring_attention", lab=LAB, filename="lab13_ring_attention.py", timeout=20,
-             title=dict(zip(("en", "zh"), ("1 · Ring attention with the online-softmax merge",
-                                           "1 · 带在线 softmax 合并的 ring attention"))),
+             title=rendered("lab13_title_ring_attention"),
              checks=[_check_ring], job_checks=[_no_blocking_send], world_sizes=(2, 3),
              make_inputs=contract.make_inputs, hide=HIDE),
     Exercise(id="lab13.dispatch_combine", lab=LAB, filename="lab13_dispatch_combine.py", timeout=20,
-             title=dict(zip(("en", "zh"), ("2 · MoE dispatch and combine with All-to-All",
-                                           "2 · 用 All-to-All 做 MoE 的分发与合并"))),
+             title=rendered("lab13_title_dispatch_combine"),
              checks=[_check_moe], explain=_explain_moe, world_sizes=(2, 3), make_inputs=contract.make_inputs,
              hide=HIDE, consistent_collectives=False),   # uneven splits: the ranks' All-to-Alls differ in size
 ]
