@@ -74,3 +74,22 @@ def lab_programs(lab: str, source_name: str) -> dict:
             first, _, body = text.partition("\n")
             out[f"{lab}." + first.split()[1][len(lab) + 1:-len(".py")]] = authoring.blocks(body)
     return out
+
+
+def submit(folder, ex_id: str, code: str, tag: str):
+    """Write ``code`` as exercise ``ex_id``'s file in a fresh subfolder ``tag`` of ``folder``."""
+    from dtrain_lab.grading import registry
+
+    path = folder / tag / registry.get(ex_id).filename
+    path.parent.mkdir()
+    path.write_text(code)
+    return path
+
+
+def assert_solution_passes(ex_id: str, code: str, folder) -> None:
+    """The lab's solution, graded for real (sandboxed), gets full marks."""
+    from dtrain_lab.grading import grade, registry
+
+    ex = registry.get(ex_id)
+    v = grade(ex_id, submit(folder, ex_id, code, "solution"), lang="en")
+    assert v.passed and v.outcome == "pass" and v.score == ex.max_score, v.feedback

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, lab_programs
+from conftest import ROOT, assert_solution_passes, lab_programs, submit
 from dtrain_lab.parallel.ddp import MB, DDP
 from dtrain_lab.grading import grade, grade_notebook, lab02, lab04, registry, submissions_in_notebook
 from dtrain_lab.grading.checks import lab02 as checks02, lab04 as checks04
@@ -49,13 +49,6 @@ MORE_WRONG = {
     "lab04/topk_no_divide.py": ("lab04.topk_ef", "en", ["the sum over the ranks"]),
     "lab04/topk_threshold.py": ("lab04.topk_ef", "en", ["same shape on every rank"]),
 }
-
-
-def submit(tmp_path, ex_id: str, code: str, tag: str):
-    path = tmp_path / tag / registry.get(ex_id).filename
-    path.parent.mkdir()
-    path.write_text(code)
-    return path
 
 
 # ------------------------------------------------------------------ structure, no launch
@@ -145,9 +138,7 @@ def test_lab04_references_by_hand_and_without_ties():
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("ex_id", EXERCISES)
 def test_solution_passes_and_a_wrong_answer_fails(ex_id, tmp_path):
-    ex = registry.get(ex_id)
-    v = grade(ex_id, submit(tmp_path, ex_id, PROGRAMS[ex_id]["solution"], "solution"), lang="en")
-    assert v.passed and v.outcome == "pass" and v.score == ex.max_score, v.feedback
+    assert_solution_passes(ex_id, PROGRAMS[ex_id]["solution"], tmp_path)
 
     file, lang, phrases = FIRST_WRONG[ex_id]
     w = grade(ex_id, WRONG / file, lang=lang)

@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from conftest import ROOT, lab_programs
+from conftest import ROOT, assert_solution_passes, lab_programs, submit
 from dtrain_lab.grading import grade, grade_notebook, lab05, registry, submissions_in_notebook
 from dtrain_lab.grading.checks import lab05 as checks
 from dtrain_lab.grading.exercise import Run
@@ -34,13 +34,6 @@ LAUNCHED_WRONG = {
     "zero1_zero_fill.py": ("lab05.zero1", "en", "wrong", ["have no gradient", "step count"]),
     "clip_per_shard.py": ("lab05.clip", "en", "wrong", ["norm of this rank's shard", "squared norm"]),
 }
-
-
-def submit(tmp_path, ex_id: str, code: str, tag: str):
-    path = tmp_path / tag / registry.get(ex_id).filename
-    path.parent.mkdir()
-    path.write_text(code)
-    return path
 
 
 def a_run(world: int, seed: int = 7) -> Run:
@@ -224,9 +217,7 @@ def test_clip_references_and_hints(world):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ex_id", EXERCISES)
 def test_solution_passes(ex_id, tmp_path):
-    ex = registry.get(ex_id)
-    v = grade(ex_id, submit(tmp_path, ex_id, PROGRAMS[ex_id]["solution"], "solution"), lang="en")
-    assert v.passed and v.outcome == "pass" and v.score == ex.max_score, v.feedback
+    assert_solution_passes(ex_id, PROGRAMS[ex_id]["solution"], tmp_path)
 
 
 @pytest.mark.timeout(200)

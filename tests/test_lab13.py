@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from conftest import ROOT, lab_programs
+from conftest import ROOT, assert_solution_passes, lab_programs
 from dtrain_lab.grading import grade, grade_notebook, lab13, registry, submissions_in_notebook
 from dtrain_lab.grading.checks import lab13 as checks
 from dtrain_lab.grading.exercise import Run
@@ -147,11 +147,7 @@ def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lan
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ex_id", EXERCISES)
 def test_solution_passes(ex_id, tmp_path):
-    ex = registry.get(ex_id)
-    path = tmp_path / ex.filename
-    path.write_text(PROGRAMS[ex_id]["solution"])
-    v = grade(ex_id, path, lang="en")
-    assert v.passed and v.outcome == "pass" and v.score == ex.max_score, v.feedback
+    assert_solution_passes(ex_id, PROGRAMS[ex_id]["solution"], tmp_path)
 
 
 @pytest.mark.timeout(300)
