@@ -34,33 +34,51 @@ def _tokens_of(seed: int, rank: int) -> int:
     return contract.rng(seed, "tokens", rank).randint(5, 9)
 
 
+def _route(seed: int, rank: int, tokens: int, n_experts: int, attempt: int) -> list[int]:
+    """The expert each of this rank's tokens goes to (-1: dropped by the capacity). Uneven on
+    purpose: each rank favours two experts, others get few rows or none from it."""
+    pick = contract.rng(seed, f"route{attempt}" if attempt else "route", rank)
+    favourite = [pick.randrange(n_experts) for _ in range(2)]
+    dest = []
+    for _ in range(tokens):
+        u = pick.random()
+        if u < 0.15:
+            dest.append(-1)
+        elif u < 0.8:
+            dest.append(favourite[0] if pick.random() < 0.6 else favourite[1])
+        else:
+            dest.append(pick.randrange(n_experts))
+    return dest
+
+
+def sends(dests: list, world: int) -> list[list[int]]:
+    """``sends[i][j]``: how many rows rank ``i`` sends to rank ``j`` (the owner of their expert)."""
+    return [[sum(1 for e in d if e >= 0 and e // EXPERTS_PER_RANK == j) for j in range(world)] for d in dests]
+
+
 def make_inputs(seed: int, world: int) -> list[dict]:
     """Per rank: its shard of q, k, v (exercise 1); its tokens, the expert each goes to (-1: dropped,
-    by the capacity) and the weights of its own experts only (exercise 2)."""
-    out = []
+    by the capacity) and the weights of its own experts only (exercise 2).
+
+    The routing is redrawn (deterministically in the seed) until some rank sends another a number
+    of rows different from what it gets back: with symmetric counts a submission that never
+    exchanges the counts would pass the All-to-All by luck."""
     n_experts = EXPERTS_PER_RANK * world
+    tokens = [_tokens_of(seed, r) for r in range(world)]
+    for attempt in range(64):
+        dests = [_route(seed, r, tokens[r], n_experts, attempt) for r in range(world)]
+        c = sends(dests, world)
+        if any(c[i][j] != c[j][i] for i in range(world) for j in range(i)):
+            break
+    out = []
     for r in range(world):
         g = contract.torch_generator(seed, "attention", r)
         q, k, v = (torch.randn(BATCH, HEADS, TOKENS, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(3))
-        t = _tokens_of(seed, r)
         gx = contract.torch_generator(seed, "tokens", r)
-        x = torch.randn(t, D, generator=gx, dtype=torch.float64)
-        # uneven on purpose: each rank favours two experts, others get few rows or none from it,
-        # and some rows were dropped by the capacity (-1)
-        pick = contract.rng(seed, "route", r)
-        favourite = [pick.randrange(n_experts) for _ in range(2)]
-        dest = []
-        for _ in range(t):
-            u = pick.random()
-            if u < 0.15:
-                dest.append(-1)
-            elif u < 0.8:
-                dest.append(favourite[0] if pick.random() < 0.6 else favourite[1])
-            else:
-                dest.append(pick.randrange(n_experts))
+        x = torch.randn(tokens[r], D, generator=gx, dtype=torch.float64)
         gw = contract.torch_generator(seed, "experts", r)
         weights = torch.randn(EXPERTS_PER_RANK, D, D, generator=gw, dtype=torch.float64) / math.sqrt(D)
-        out.append({"q": q, "k": k, "v": v, "x": x, "dest": torch.tensor(dest, dtype=torch.long),
+        out.append({"q": q, "k": k, "v": v, "x": x, "dest": torch.tensor(dests[r], dtype=torch.long),
                     "first_expert": r * EXPERTS_PER_RANK, "weights": weights})
     return out
 
