@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.dtrain-lab-installed
 PYTEST_WORKERS ?= 3
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: lab test bench notebooks env clean-env
+.PHONY: lab test bench notebooks env clean-env durations
 
 env: $(STAMP)
 
@@ -39,9 +39,16 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check dtrain_lab tests tools
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -p no:cacheprovider \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -p no:cacheprovider \
 	  tests lessons/zh lessons/en labs/zh labs/en solutions/zh solutions/en --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600 --durations=25 $(PYTEST_ARGS)
+
+# per-file seconds of one run -> tests/durations.json: the order make test hands files to workers
+durations: $(STAMP)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -p no:cacheprovider \
+	  tests lessons/zh lessons/en labs/zh labs/en solutions/zh solutions/en --nbval --nbval-current-env \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600 -q --junitxml=$(VENV)/durations.xml $(PYTEST_ARGS) || true
+	$(PY) tools/durations.py $(VENV)/durations.xml
 
 bench: $(STAMP)
 	$(PY) -m dtrain_lab.bench $(BENCH_ARGS)

@@ -1,5 +1,6 @@
 """Shared test helpers. Multi-process tests launch through dtrain_lab.launch (one launch, many
 checks) and every one of them has a timeout (pytest-timeout; see pyproject.toml)."""
+import json
 import os
 import time
 import uuid
@@ -12,6 +13,31 @@ import dtrain_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+UNKNOWN_FILE_SECONDS = 30.0   # a file not measured yet (new): early rather than last
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest files first, by their seconds in the last measured run (tests/durations.json, written by
+    ``make durations``). ``make test`` runs with ``--dist loadfile --no-loadscope-reorder``: each file
+    goes whole to one worker in this order, so the workers finish together (longest processing time
+    first) instead of one running a long notebook alone at the end. Order only: nothing reads these
+    figures as a limit, and a stale file only makes the schedule worse."""
+    try:
+        seconds = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::")[0], i)
+
+    def key(item):
+        f = item.nodeid.split("::")[0]
+        return -seconds.get(f, UNKNOWN_FILE_SECONDS), first[f]
+
+    items.sort(key=key)   # stable: a file's tests keep their order
 
 
 def processes_with_tag(tag: str) -> list[psutil.Process]:
@@ -84,12 +110,3 @@ def submit(folder, ex_id: str, code: str, tag: str):
     path.parent.mkdir()
     path.write_text(code)
     return path
-
-
-def assert_solution_passes(ex_id: str, code: str, folder) -> None:
-    """The lab's solution, graded for real (sandboxed), gets full marks."""
-    from dtrain_lab.grading import grade, registry
-
-    ex = registry.get(ex_id)
-    v = grade(ex_id, submit(folder, ex_id, code, "solution"), lang="en")
-    assert v.passed and v.outcome == "pass" and v.score == ex.max_score, v.feedback

@@ -45,9 +45,8 @@ def check_exercise(name, tmp_path):
         path.write_text(code)
         return path
 
-    solution = grade(ex_id, submit(PROGRAMS[name]["solution"], "solution"), lang="en")
-    assert solution.passed and solution.outcome == "pass" and solution.score == ex.max_score, solution.feedback
-
+    # the solution's passing grade: solutions/{zh,en}/lab_10_deadlocks.ipynb, re-graded by nbval
+    # (tests/test_solution_cells.py checks that each exercise's pass is stored there)
     t0 = time.monotonic()
     v = grade(ex_id, submit(broken(name), "broken"), lang="en")
     assert not v.passed and v.outcome in ("wrong", "crash", "hang"), v.feedback

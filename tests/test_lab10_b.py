@@ -1,4 +1,4 @@
-"""Lab 10 exercises (second half): every solution passes; the broken program, a plausible wrong fix and
+"""Lab 10 exercises (second half): the broken program, a plausible wrong fix and
 the learner's stub all fail."""
 import pytest
 
