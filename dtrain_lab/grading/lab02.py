@@ -52,16 +52,20 @@ def _bucket_cases(g) -> list:
     def sizes(n, lo, hi, dtype="float32"):
         return [[g.randint(lo, hi), dtype] for _ in range(n)]
 
+    # reverse order: k + k land exactly on the cap, then more follow (a bucket closed only above the cap
+    # differs); the last float64 parameter alone reaches the cap, counted at 4 bytes an element it does not
     k = g.randint(10, 30)
-    exact = [[k, "float32"], [k, "float32"], [2 * k, "float32"], [g.randint(1, 2 * k), "float32"]]
+    exact = [[g.randint(1, 2 * k), "float32"], [2 * k, "float32"], [k, "float32"], [k, "float32"]]
     big = sizes(2, 2, 10) + [[g.randint(200, 900), "float32"]] + sizes(2, 2, 10)
+    cap64 = g.choice([120, 150, 200])
+    float64 = sizes(g.randint(2, 4), 5, 20, "float64") + [[g.randint(-(-cap64 // 8), (cap64 - 1) // 4), "float64"]]
     return [
         ["lab model", [list(s) for s in LAB_SIZES], g.choice([200, 300, 400, 600, 1100])],
         ["everything in one bucket", [list(s) for s in LAB_SIZES], 1 << 30],
         ["a bucket per parameter", sizes(g.randint(3, 6), 1, 50), 1],
         ["exactly the cap", exact, 8 * k],
         ["a parameter larger than the cap", big, 100],
-        ["float64 parameters", sizes(g.randint(3, 5), 5, 20, "float64"), g.choice([120, 150, 200])],
+        ["float64 parameters", float64, cap64],
         ["mixed dtypes", [[g.randint(5, 40), g.choice(list(DTYPES))] for _ in range(g.randint(4, 7))],
          g.choice([64, 100, 160])],
         ["no parameters", [], 100],

@@ -29,8 +29,14 @@ def make_inputs(seed: int, world: int) -> list[dict]:
     with a seed of its own; a rank receives only its own dict)."""
     job = contract.rng(seed, "job")
     fail_rank, fail_step = job.randrange(world), job.randrange(1, STEPS - 1)
-    batch_counts = [job.randint(1, 3) + k for k in job.sample(range(world), world)]
-    micro_counts = [job.randint(3, 4) + 2 * k for k in job.sample(range(world), world)]
+    # one shared base plus a distinct offset per rank: the numbers of batches (exercise 3) always
+    # differ, else stopping at the shortest rank (an all-reduce MIN of the counts) would lose nothing
+    base = job.randint(1, 3)
+    batch_counts = [base + k for k in job.sample(range(world), world)]
+    # exercise 8: the numbers of optimizer steps (micro-batches // ACCUM) always differ between ranks,
+    # plus 0..ACCUM-1 surplus micro-batches: with equal step counts the unsynchronised loop would pass
+    base = job.randint(1, 2)
+    micro_counts = [ACCUM * (base + k) + job.randrange(ACCUM) for k in job.sample(range(world), world)]
     val = [round(job.uniform(0.0, 10.0), 4) for _ in range(VAL_SIZE)]
     out = []
     for r in range(world):

@@ -56,19 +56,29 @@ def sends(dests: list, world: int) -> list[list[int]]:
     return [[sum(1 for e in d if e >= 0 and e // EXPERTS_PER_RANK == j) for j in range(world)] for d in dests]
 
 
+def _telling(dests: list, world: int) -> bool:
+    """Whether a routing catches the usual mistakes, which pass by luck otherwise: some rank sends
+    another a number of rows different from what it gets back (else never exchanging the counts
+    works); some token is dropped (else leaving dropped rows unset or unzeroed works); some rank's
+    kept tokens are not already in expert order (else not undoing the sort works)."""
+    c = sends(dests, world)
+    kept = [[e for e in d if e >= 0] for d in dests]
+    return (any(c[i][j] != c[j][i] for i in range(world) for j in range(i))
+            and any(e < 0 for d in dests for e in d)
+            and any(a > b for k in kept for a, b in zip(k, k[1:])))
+
+
 def make_inputs(seed: int, world: int) -> list[dict]:
     """Per rank: its shard of q, k, v (exercise 1); its tokens, the expert each goes to (-1: dropped,
     by the capacity) and the weights of its own experts only (exercise 2).
 
-    The routing is redrawn (deterministically in the seed) until some rank sends another a number
-    of rows different from what it gets back: with symmetric counts a submission that never
-    exchanges the counts would pass the All-to-All by luck."""
+    The routing is redrawn (deterministically in the seed) until it tells the usual mistakes from the
+    right answer (:func:`_telling`)."""
     n_experts = EXPERTS_PER_RANK * world
     tokens = [_tokens_of(seed, r) for r in range(world)]
     for attempt in range(64):
         dests = [_route(seed, r, tokens[r], n_experts, attempt) for r in range(world)]
-        c = sends(dests, world)
-        if any(c[i][j] != c[j][i] for i in range(world) for j in range(i)):
+        if _telling(dests, world):
             break
     out = []
     for r in range(world):
