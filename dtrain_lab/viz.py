@@ -220,7 +220,7 @@ def plot_alpha_beta(alpha: float, beta: float, p_values=(2, 4, 8, 16), max_bytes
 
 def plot_losses(curves: dict[str, list[float]], ax=None):
     """Loss per step, one line per precision (``{"fp32": [...], "bf16": [...]}``, from
-    :func:`dtrain_lab.parallel.amp.train_losses`)."""
+    :func:`dtrain_lab.demos.amp_runs.train_losses`)."""
     if ax is None:
         _, ax = new_figure(figsize=(7, 3.5))
     for name, losses in curves.items():

@@ -1,12 +1,13 @@
 """Activation checkpointing: fewer saved bytes, one extra forward per block, identical gradients."""
 import torch
 
+from dtrain_lab.demos.actckpt_measure import measure
 from dtrain_lab.parallel import actckpt
 
 
 def test_checkpointing_trades_memory_for_recompute():
-    plain = actckpt.measure(checkpointed=False, n_layers=4)
-    ckpt = actckpt.measure(checkpointed=True, n_layers=4)
+    plain = measure(checkpointed=False, n_layers=4)
+    ckpt = measure(checkpointed=True, n_layers=4)
     assert plain["loss"] == ckpt["loss"]
     assert plain["grads"].keys() == ckpt["grads"].keys()
     for name, g in plain["grads"].items():
@@ -20,8 +21,8 @@ def test_checkpointing_trades_memory_for_recompute():
 
 
 def test_saved_bytes_grow_with_layers():
-    two = actckpt.measure(checkpointed=False, n_layers=2, repeats=1)
-    four = actckpt.measure(checkpointed=False, n_layers=4, repeats=1)
+    two = measure(checkpointed=False, n_layers=2, repeats=1)
+    four = measure(checkpointed=False, n_layers=4, repeats=1)
     per_layer = (four["saved_bytes"] - two["saved_bytes"]) / 2
     assert per_layer > 0
     assert abs(two["saved_bytes"] - 2 * per_layer - (four["saved_bytes"] - 4 * per_layer)) < 1e-6

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dtrain_lab.demos import amp_runs
 from dtrain_lab.parallel import accum, amp
 from dtrain_lab.data import global_batch, regression_dataset
 from dtrain_lab.models import MLP
@@ -152,12 +153,12 @@ def test_scaler_rule_violations_catches_a_wrong_trace():
 
 
 def test_losses_close_across_precisions():
-    ref = amp.train_losses("fp32", steps=20)
+    ref = amp_runs.train_losses("fp32", steps=20)
     for p in ("bf16", "fp16"):
-        other = amp.train_losses(p, steps=20)
+        other = amp_runs.train_losses(p, steps=20)
         assert max(abs(a - b) for a, b in zip(ref, other)) < 0.05 * ref[0]
     with pytest.raises(ValueError):
-        amp.train_losses("fp8")
+        amp_runs.train_losses("fp8")
 
 
 def test_old_cuda_amp_spellings_warn():

@@ -36,6 +36,7 @@ import psutil
 from dtrain_lab.grading import channel, sandbox, trace
 from dtrain_lab.jobs import _procs
 from dtrain_lab.jobs.diagnose import WaitSite, wait_site
+from dtrain_lab.jobs.options import prune_old
 
 SUPERVISOR = str(Path(__file__).resolve().parent / "supervisor.py")
 RW_FILES = ("result", "trace", "events", "error", "stack")
@@ -107,16 +108,10 @@ class JobResult:
 
 
 def _job_root() -> Path:
+    """The grader's folder of job folders (private to this user: mode 0700), pruned like the launcher's."""
     root = Path(os.environ.get("DTRAIN_RUN_DIR") or tempfile.gettempdir()) / f"dtrain_grade-{os.getuid()}"
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    cutoff = time.time() - 24 * 3600
-    for old in root.iterdir():
-        try:
-            if old.stat().st_mtime < cutoff:
-                shutil.rmtree(old, ignore_errors=True)
-        except OSError:
-            pass
-    return root
+    return prune_old(root)
 
 
 def _owned(path: Path, mode: int) -> None:

@@ -56,12 +56,12 @@ def _target_args(target: str) -> list[str]:
     return ["-m", target]
 
 
-def job_root() -> Path:
-    """Where jobs keep their logs and reports (``$DTRAIN_RUN_DIR``, else a per-user temp folder);
-    folders older than a day are removed: kept for post-mortems, no longer."""
-    root = Path(os.environ.get("DTRAIN_RUN_DIR") or Path(tempfile.gettempdir()) / f"dtrain_lab-{os.getuid()}")
+def prune_old(root: Path, max_age_s: float = 24 * 3600) -> Path:
+    """Create ``root`` if needed (its mode is the caller's business) and remove the entries in it
+    last modified more than ``max_age_s`` ago: job folders are kept for post-mortems, no longer.
+    Returns ``root``. Shared by the launcher's :func:`job_root` and the grader's job folders."""
     root.mkdir(parents=True, exist_ok=True)
-    cutoff = time.time() - 24 * 3600
+    cutoff = time.time() - max_age_s
     for old in root.iterdir():
         try:
             if old.stat().st_mtime < cutoff:
@@ -69,6 +69,12 @@ def job_root() -> Path:
         except OSError:
             pass
     return root
+
+
+def job_root() -> Path:
+    """Where jobs keep their logs and reports (``$DTRAIN_RUN_DIR``, else a per-user temp folder);
+    folders older than a day are removed (:func:`prune_old`)."""
+    return prune_old(Path(os.environ.get("DTRAIN_RUN_DIR") or Path(tempfile.gettempdir()) / f"dtrain_lab-{os.getuid()}"))
 
 
 @dataclass

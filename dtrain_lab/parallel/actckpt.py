@@ -10,9 +10,9 @@ less memory, one extra forward per region.
 :func:`saved_tensor_bytes` counts the bytes autograd keeps, with
 ``torch.autograd.graph.saved_tensors_hooks`` (each storage counted once): a count of tensors, not
 process memory, so it is the same on every machine and on CPU as on GPU.
-:func:`measure` runs one forward+backward of a :class:`dtrain_lab.models.TinyTransformer` with and
-without checkpointing its blocks and reports saved bytes, block forward calls, the time and whether
-the gradients are identical.
+:func:`checkpoint_blocks` wraps a model's blocks. The run that measures both on a
+:class:`dtrain_lab.models.TinyTransformer` (saved bytes, block forward calls, time, gradients) is a
+driver: :func:`dtrain_lab.demos.actckpt_measure.measure`.
 
 On GPUs the same trade is read with ``torch.cuda.max_memory_allocated()`` (peak memory, which also
 holds temporaries); the recompute costs about one forward (roughly a third of a training step's
@@ -21,13 +21,12 @@ FLOPs) per checkpointed region.
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["saved_tensor_bytes", "checkpoint_blocks", "measure"]
+__all__ = ["saved_tensor_bytes", "checkpoint_blocks"]
 
 
 class _Counter:
@@ -36,12 +35,20 @@ class _Counter:
         self.tensors = 0
         self._seen: set = set()
 
-    def pack(self, t: torch.Tensor):
+    @staticmethod
+    def _key(t: torch.Tensor):
+        """``(storage key, storage bytes)``."""
         try:
-            key = (t.untyped_storage().data_ptr(), t.device)
-            nbytes = t.untyped_storage().nbytes()
+            return (t.untyped_storage().data_ptr(), t.device), t.untyped_storage().nbytes()
         except (RuntimeError, NotImplementedError):   # tensors without storage (e.g. wrapper subclasses)
-            key, nbytes = (id(t), t.device), t.numel() * t.element_size()
+            return (id(t), t.device), t.numel() * t.element_size()
+
+    def seen(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage is among those counted."""
+        return self._key(t)[0] in self._seen
+
+    def pack(self, t: torch.Tensor):
+        key, nbytes = self._key(t)
         if key not in self._seen:
             self._seen.add(key)
             self.bytes += nbytes
@@ -57,7 +64,7 @@ class _Counter:
 def saved_tensor_bytes():
     """``with saved_tensor_bytes() as c: loss = model(x)...`` then ``c.bytes``: the bytes of the
     distinct storages autograd saved for backward while the block ran (parameters included, since
-    ``x @ W`` saves ``W``; :func:`measure` subtracts them)."""
+    ``x @ W`` saves ``W``; leave them out with ``c.seen(p)`` for each parameter ``p``)."""
     counter = _Counter()
     with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
         yield counter
@@ -82,51 +89,3 @@ def checkpoint_blocks(model: nn.Module, attr: str = "blocks") -> nn.Module:
         if not isinstance(block, _Checkpointed):
             blocks[i] = _Checkpointed(block)
     return model
-
-
-def measure(*, checkpointed: bool, batch: int = 8, seq: int = 16, d: int = 64, n_layers: int = 4,
-            vocab: int = 64, seed: int = 0, repeats: int = 3) -> dict:
-    """One forward+backward of a TinyTransformer (same seed and data either way).
-
-    Returns ``saved_bytes`` (activations saved for backward, parameters excluded),
-    ``block_forwards`` (calls of the blocks' forward: doubled by checkpointing), ``seconds``
-    (fastest of ``repeats`` forward+backward), ``grads`` (the gradients, to compare runs).
-    """
-    from dtrain_lab.models import Block, TinyTransformer
-
-    model = TinyTransformer(vocab=vocab, d=d, n_heads=2, n_layers=n_layers, max_len=seq, seed=seed)
-    if checkpointed:
-        checkpoint_blocks(model)
-    gen = torch.Generator().manual_seed(seed + 1)
-    tokens = torch.randint(0, vocab, (batch, seq), generator=gen)
-    calls = [0]
-    # a *pre*-hook: by default the recomputation stops as soon as the last tensor backward needs is
-    # rebuilt ("early stop", torch.utils.checkpoint.set_checkpoint_early_stop), so a block's
-    # forward called again in backward may never return and a post-forward hook would miss it
-    hooks = [m.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-             for m in model.modules() if isinstance(m, Block)]
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        logits = model(tokens[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
-        return loss
-
-    with saved_tensor_bytes() as counter:
-        loss = step()
-    # parameters saved by matmuls are model states, not activations: leave them out
-    saved = counter.bytes - sum(p.untyped_storage().nbytes() for p in model.parameters()
-                                if (p.untyped_storage().data_ptr(), p.device) in counter._seen)
-    calls[0] = 0
-    loss.backward()
-    forwards_in_step = len([m for m in model.modules() if isinstance(m, Block)]) + calls[0]
-    grads = {n.replace("block.", ""): p.grad.detach().clone() for n, p in model.named_parameters()}
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step().backward()
-        best = min(best, time.perf_counter() - t0)
-    for h in hooks:
-        h.remove()
-    return {"saved_bytes": saved, "block_forwards": forwards_in_step, "seconds": best,
-            "loss": float(loss.detach()), "grads": grads, "n_layers": n_layers}
