@@ -110,3 +110,13 @@ def submit(folder, ex_id: str, code: str, tag: str):
     path.parent.mkdir()
     path.write_text(code)
     return path
+
+
+def job_metrics(result, n: int, *, last: bool = True) -> dict:
+    """``{rank: metrics}`` of a finished ``n``-rank launch, after asserting it ran to the end: the job
+    succeeded, every rank reported, and (``last``) every rank reached its final report."""
+    assert result.ok, result.summary() + "\n" + "\n".join(x.output[-3000:] for x in result.ranks)
+    assert sorted(result.metrics) == list(range(n))
+    if last:
+        assert all(m.get("last") is True for m in result.metrics.values())
+    return result.metrics

@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from conftest import WORKERS
+from conftest import WORKERS, job_metrics
 
 WORLD_SIZES = [2, 3]
 STEPS = 5                 # tests/workers/compression_checks.py: STEPS
@@ -39,11 +39,7 @@ def results():
 
 
 def metrics(results, n):
-    r = results[n]
-    assert r.ok, r.summary() + "\n" + "\n".join(x.output[-3000:] for x in r.ranks)
-    assert sorted(r.metrics) == list(range(n))
-    assert all(m.get("last") is True for m in r.metrics.values())
-    return r.metrics
+    return job_metrics(results[n], n)
 
 
 def exact_or_close(c: dict, n: int, what: str) -> None:

@@ -19,6 +19,7 @@ from dtrain_lab.i18n import LabError
 from dtrain_lab.parallel.context import (attention_reference, block_attention, causal_work, chunk_ids,
                                          online_softmax_merge, ring_attention, ring_comm_bytes, shard_positions,
                                          shard_sequence, unshard_sequence, zigzag_order)
+from conftest import job_metrics
 
 TOL = 1e-12   # float64
 
@@ -127,10 +128,7 @@ def results():
 
 
 def metrics(results, n):
-    r = results[n]
-    assert r.ok, r.summary() + "\n" + "\n".join(x.output[-3000:] for x in r.ranks)
-    assert sorted(r.metrics) == list(range(n))
-    return r.metrics
+    return job_metrics(results[n], n, last=False)
 
 
 @pytest.mark.timeout(600)

@@ -6,7 +6,7 @@ the in-process tests at the end cover the world of one, the models and the data 
 import pytest
 import torch
 
-from conftest import WORKERS
+from conftest import WORKERS, job_metrics
 
 WORLD_SIZES = [2, 3]
 MLP_BYTES = 4 * (16 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4)  # MLP(16, 32, 4, depth=2), float32
@@ -26,11 +26,7 @@ def results():
 
 
 def metrics(results, n):
-    r = results[n]
-    assert r.ok, r.summary() + "\n" + "\n".join(x.output[-3000:] for x in r.ranks)
-    assert sorted(r.metrics) == list(range(n))
-    assert all(m.get("last") is True for m in r.metrics.values())
-    return r.metrics
+    return job_metrics(results[n], n)
 
 
 @pytest.mark.timeout(400)

@@ -17,6 +17,7 @@ import math
 
 import pytest
 import torch
+from conftest import job_metrics
 
 WORLD_SIZES = [2, 3]
 STEPS = 3                 # fsdp_run's default
@@ -40,11 +41,7 @@ def results():
 
 
 def metrics(results, n):
-    r = results[n]
-    assert r.ok, r.summary() + "\n" + "\n".join(x.output[-3000:] for x in r.ranks)
-    assert sorted(r.metrics) == list(range(n))
-    assert all(m.get("last") is True for m in r.metrics.values())
-    return r.metrics
+    return job_metrics(results[n], n)
 
 
 @pytest.mark.timeout(400)

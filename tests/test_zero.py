@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from dtrain_lab.i18n import LabError
 from dtrain_lab.perfmodel import zero_comm_volume, zero_memory
+from conftest import job_metrics
 
 WORLD_SIZES = [2, 3]
 STEPS = 3
@@ -47,11 +48,7 @@ def _real(rank: int, numel: int, shard: int) -> int:
 
 
 def metrics(results, n):
-    r = results[n]
-    assert r.ok, r.summary() + "\n" + "\n".join(x.output[-3000:] for x in r.ranks)
-    assert sorted(r.metrics) == list(range(n))
-    assert all(m.get("last") is True for m in r.metrics.values())
-    return r.metrics
+    return job_metrics(results[n], n)
 
 
 @pytest.mark.timeout(300)

@@ -13,7 +13,8 @@ collective events in its trace.
 
 Each rank reports its summary, its own wall-clock time of the timed loop (an independent clock for
 the split), the number of hook calls, a parameter checksum (the replicas must agree), memory, and
-the trace facts; rank 0 also reports the gathered table and the straggler.
+the trace facts; rank 0 also reports the gathered rows (one summary per rank: render them with
+``monitor.RankTable(rows).table(lang)``) and the straggler.
 """
 import argparse
 import os
@@ -100,8 +101,8 @@ def main() -> None:
                steps=a.steps, warmup=a.warmup, batch=a.batch, checksum=checksum, memory=mem,
                trace=path, trace_facts=facts, trace_steps=a.trace_steps)
     if table is not None:
-        out.update(slowest=table.slowest, table_en=table.table("en"), table_zh=table.table("zh"),
-                   rows=table.rows)
+        # data, not text: a reader renders monitor.RankTable(rows).table(lang) in its own language
+        out.update(slowest=table.slowest, rows=table.rows)
         print(table.table(), flush=True)
     runtime.report(**out)
 
