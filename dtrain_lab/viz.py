@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import inspect
 import re
-import unicodedata
 
 from dtrain_lab.i18n import tr
+from dtrain_lab.i18n.display import columns, pad, width  # noqa: F401  (re-exported for the lessons)
 
 PACKAGED_FONT = "Noto Sans CJK SC"
 CJK_FONTS = (
@@ -102,23 +102,7 @@ def new_figure(*args, **kwargs):
 
 
 # ------------------------------------------------------------------------------------ text columns
-def width(text: str) -> int:
-    """Columns ``text`` takes in a monospaced output: a Chinese character takes two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def pad(text, columns: int, align: str = "<") -> str:
-    """``text`` padded to ``columns`` display columns (``align``: ``<`` left, ``>`` right), so that
-    tables with Chinese headers line up, which ``f"{text:>10}"`` (it counts characters) does not."""
-    text = str(text)
-    fill = " " * max(0, columns - width(text))
-    return fill + text if align == ">" else text + fill
-
-
-def columns(*cells) -> str:
-    """One line of a text table from ``(text, spec)`` pairs, ``spec`` like ``"<14"`` or ``">12"``
-    (alignment, then width in display columns): a header in Chinese lines up with its numbers."""
-    return "".join(pad(text, int(spec[1:]), spec[0]) for text, spec in cells)
+# width, pad and columns live in dtrain_lab.i18n.display (the launcher's rank table uses them too)
 
 
 def below(value: float, bound: float) -> str:

@@ -38,13 +38,13 @@ import json
 import os
 import sys
 import time
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
 from dtrain_lab.i18n import LabError, tr
+from dtrain_lab.i18n.display import pad
 
 PHASES = ("data", "compute", "comm", "optimizer")
 COLLECTIVE_PATTERNS = ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter",
@@ -262,8 +262,8 @@ class RankTable:
 
     def table(self, lang: Optional[str] = None) -> str:
         cols = list(PHASES) + ["other", "step"]
-        head = " ".join([_rjust(_label("rank", lang), 4)] + [_rjust(_label(c, lang), 10) for c in cols]
-                        + [_rjust(_label("busy", lang), 10), _rjust(_label("samples/s", lang), 10)])
+        head = " ".join([pad(_label("rank", lang), 4, ">")] + [pad(_label(c, lang), 10, ">") for c in cols]
+                        + [pad(_label("busy", lang), 10, ">"), pad(_label("samples/s", lang), 10, ">")])
         lines = [tr("mon_table_title", lang), head]
         for r, row in enumerate(self.rows):
             m = row["mean"]
@@ -279,12 +279,6 @@ class RankTable:
 def _label(name: str, lang: Optional[str] = None) -> str:
     key = _LABEL_KEYS.get(name)
     return tr(key, lang) if key else name
-
-
-def _rjust(text: str, width: int) -> str:
-    """Right-align by display width: a CJK character takes two columns of a terminal or notebook."""
-    shown = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-    return " " * max(0, width - shown) + text
 
 
 def gather_summaries(summary: Dict[str, Any], dst: int = 0, group=None) -> Optional[RankTable]:
