@@ -128,39 +128,51 @@ def test_lab13_routing_has_unequal_counts_a_dropped_token_and_rows_out_of_expert
 _BYTES = {"float16": 2, "float32": 4, "float64": 8}
 
 
-def _buckets(sizes, cap, *, order=-1, close=lambda size, n, cap: size >= cap, before=False, nbytes=None):
-    """A bucket rule written here: DDP's (reverse order, close once at least the cap) and its slips."""
+def _buckets(sizes, cap, *, order=-1, close=lambda size, n, cap: size >= cap, before=False, nbytes=None,
+             by_dtype=True, closing_order=False):
+    """A bucket rule written here: DDP's (reverse order, one open bucket per dtype, close once at least the cap,
+    buckets ordered by their first parameter in the walk) and its slips."""
     idx = list(range(len(sizes)))[::order]
-    buckets, current, size = [], [], 0
+    buckets, open_ = [], {}
     for i in idx:
         n = sizes[i][0] * (nbytes or _BYTES[sizes[i][1]])
-        if before and current and size + n > cap:
-            buckets.append(current)
-            current, size = [], 0
-        current.append(i)
-        size += n
-        if not before and close(size, n, cap):
-            buckets.append(current)
-            current, size = [], 0
-    return buckets + ([current] if current else [])
+        key = sizes[i][1] if by_dtype else None
+        current = open_.setdefault(key, [[], 0])
+        if before and current[0] and current[1] + n > cap:
+            buckets.append(current[0])
+            current = open_[key] = [[], 0]
+        current[0].append(i)
+        current[1] += n
+        if not before and close(current[1], n, cap):
+            buckets.append(open_.pop(key)[0])
+    buckets += [current for current, _ in open_.values() if current]
+    return buckets if closing_order else sorted(buckets, key=lambda b: idx.index(b[0]))
 
 
 _BUCKET_SLIPS = {
-    "forward order": lambda s, c: _buckets(s, c, order=1),
-    "closed only above the cap": lambda s, c: _buckets(s, c, close=lambda size, n, cap: size > cap),
-    "closed before exceeding the cap": lambda s, c: _buckets(s, c, before=True),
-    "4 bytes whatever the dtype": lambda s, c: _buckets(s, c, nbytes=4),
+    "forward order": dict(order=1),
+    "closed only above the cap": dict(close=lambda size, n, cap: size > cap),
+    "closed before exceeding the cap": dict(before=True),
+    "4 bytes whatever the dtype": dict(nbytes=4),
 }
 
 
 def test_lab02_bucket_cases_catch_every_slip():
-    subs = {p: _wrong_function(f"lab02/{p}", "build_buckets") for p in ("buckets_forward.py", "buckets_own_bucket.py")}
+    subs = {p: _wrong_function(f"lab02/{p}", "build_buckets")
+            for p in ("buckets_forward.py", "buckets_own_bucket.py", "buckets_one_stream.py", "buckets_closing_order.py")}
+    slips = {f"{name}, {'per dtype' if by_dtype else 'one stream'}": dict(kw, by_dtype=by_dtype)
+             for name, kw in _BUCKET_SLIPS.items() for by_dtype in (True, False)}
+    slips["one stream whatever the dtype"] = dict(by_dtype=False)
+    slips["buckets in closing order"] = dict(closing_order=True)
     for seed in SEEDS:
         cases = lab02.make_inputs(seed, 1)[0]["bucket_cases"]
         for _, sizes, cap in cases:                # the rule written here is the checks' reference
             assert _buckets(sizes, cap) == checks02.reference_buckets(lab02.case_params(sizes), cap)
-        for name, slip in _BUCKET_SLIPS.items():
-            assert any(slip(sizes, cap) != _buckets(sizes, cap) for _, sizes, cap in cases), (seed, name)
+        for name, kw in slips.items():
+            assert any(_buckets(sizes, cap, **kw) != _buckets(sizes, cap) for _, sizes, cap in cases), (seed, name)
+        # the mixed-dtypes case alone tells the two dtype slips from the right rule
+        mixed = {name: (sizes, cap) for name, sizes, cap in cases}["mixed dtypes"]
+        assert _buckets(*mixed, by_dtype=False) != _buckets(*mixed) != _buckets(*mixed, closing_order=True), seed
         for name, f in subs.items():
             assert any(f(lab02.case_params(sizes), cap) != _buckets(sizes, cap) for _, sizes, cap in cases), (seed, name)
 

@@ -41,6 +41,8 @@ FIRST_WRONG = {
 }
 MORE_WRONG = {
     "lab02/buckets_own_bucket.py": ("lab02.buckets", "en", ["larger than the cap shares the bucket"]),
+    "lab02/buckets_one_stream.py": ("lab02.buckets", "zh", ["只能装一种 dtype", "mixed dtypes"]),
+    "lab02/buckets_closing_order.py": ("lab02.buckets", "en", ["listed in the order they were closed", "mixed dtypes"]),
     "lab02/sync_sum.py": ("lab02.sync", "zh", ["之和", "除以 world size"]),
     "lab02/sync_no_copy_back.py": ("lab02.sync", "en", ["still holds this rank's own gradient"]),
     "lab02/overlap_no_reset.py": ("lab02.overlap", "en", ["must reset the per-step state"]),
@@ -85,20 +87,45 @@ def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lan
         assert all(v.details.get("not_yet") for v in grade_notebook(path, lang=lang, workdir=str(tmp_path)))
 
 
+def _ddp_buckets(params, cap):
+    stand_in = SimpleNamespace(bucket_cap_mb=cap / MB, _params=params, buckets=[],
+                               param_names=[f"p{i}" for i in range(len(params))])
+    DDP._build_buckets(stand_in)
+    return [b.params for b in stand_in.buckets]
+
+
+def _torch_buckets(params, cap):
+    """PyTorch's assignment as DDP rebuilds it after the first iteration: the parameters in gradient-ready
+    order (reverse registration order here) with their indices, one cap (bucket_cap_mb given)."""
+    order = list(reversed(range(len(params))))
+    buckets, _ = torch.distributed._compute_bucket_assignment_by_size(
+        [params[i] for i in order], [cap], [False] * len(params), order)
+    return [list(b) for b in buckets]
+
+
 def test_reference_buckets_are_ddps():
-    """checks.lab02.reference_buckets is the rule of dtrain_lab.parallel.ddp.DDP._build_buckets (PyTorch's), on
-    the cases of several grades and on the lab model at several caps."""
-    cases = [(lab02.case_params(sizes), cap) for seed in (0, 1, 2) for _, sizes, cap in
+    """checks.lab02.reference_buckets is the rule of dtrain_lab.parallel.ddp.DDP._build_buckets, on the cases of
+    300 grades and on the lab model at several caps; PyTorch's assignment makes the same buckets, in the same
+    order when the parameters have one dtype (with mixed dtypes PyTorch lists them in another order)."""
+    cases = [(name, lab02.case_params(sizes), cap) for seed in range(300) for name, sizes, cap in
              lab02.make_inputs(seed, 1)[0]["bucket_cases"]]
     lab = lab02.case_params(lab02.LAB_SIZES)
-    cases += [(lab, cap) for cap in (64, 100, 600, 1000, 1100, 1600)]
-    for params, cap in cases:
+    cases += [("lab model", lab, cap) for cap in (64, 100, 600, 1000, 1100, 1600)]
+    mixed = 0
+    for name, params, cap in cases:
         if not params:
+            assert checks02.reference_buckets(params, cap) == []
             continue
-        stand_in = SimpleNamespace(bucket_cap_mb=cap / MB, _params=params, buckets=[],
-                                   param_names=[f"p{i}" for i in range(len(params))])
-        DDP._build_buckets(stand_in)
-        assert [b.params for b in stand_in.buckets] == checks02.reference_buckets(params, cap), (cap, params)
+        want = checks02.reference_buckets(params, cap)
+        assert _ddp_buckets(params, cap) == want, (name, cap, params)
+        theirs = _torch_buckets(params, cap)
+        assert {frozenset(b) for b in theirs} == {frozenset(b) for b in want}, (name, cap, params)
+        assert all(len({params[i].dtype for i in b}) == 1 for b in want), (name, cap, params)
+        if len({p.dtype for p in params}) == 1:
+            assert theirs == want, (name, cap, params)
+        else:
+            mixed += 1
+    assert mixed == 300           # every grade's mixed case has several dtypes
     assert checks02.reference_buckets(lab, lab02.CAP_BYTES) == lab02.BUCKETS == [[5, 4, 3], [2], [1, 0]]
     assert checks02.BUCKET_NUMELS == [84, 256, 144]
 

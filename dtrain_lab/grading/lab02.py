@@ -59,6 +59,12 @@ def _bucket_cases(g) -> list:
     big = sizes(2, 2, 10) + [[g.randint(200, 900), "float32"]] + sizes(2, 2, 10)
     cap64 = g.choice([120, 150, 200])
     float64 = sizes(g.randint(2, 4), 5, 20, "float64") + [[g.randint(-(-cap64 // 8), (cap64 - 1) // 4), "float64"]]
+    # reverse order: a float16 parameter below the cap opens a bucket, then a float32 one alone reaches the cap
+    # and closes its own first (one stream of buckets whatever the dtype, or the buckets listed in closing
+    # order, differ), then a random mix
+    cap_mix = g.choice([64, 100, 160])
+    mixed = ([[g.randint(5, 40), g.choice(list(DTYPES))] for _ in range(g.randint(2, 5))]
+             + [[g.randint(-(-cap_mix // 4), -(-cap_mix // 4) + 10), "float32"], [g.randint(3, cap_mix // 2 - 1), "float16"]])
     return [
         ["lab model", [list(s) for s in LAB_SIZES], g.choice([200, 300, 400, 600, 1100])],
         ["everything in one bucket", [list(s) for s in LAB_SIZES], 1 << 30],
@@ -66,8 +72,7 @@ def _bucket_cases(g) -> list:
         ["exactly the cap", exact, 8 * k],
         ["a parameter larger than the cap", big, 100],
         ["float64 parameters", float64, cap64],
-        ["mixed dtypes", [[g.randint(5, 40), g.choice(list(DTYPES))] for _ in range(g.randint(4, 7))],
-         g.choice([64, 100, 160])],
+        ["mixed dtypes", mixed, cap_mix],
         ["no parameters", [], 100],
     ]
 

@@ -2,9 +2,10 @@
 
 References computed here without any collective: DDP's bucket rule (:func:`reference_buckets`, the
 rule of ``dtrain_lab.parallel.ddp.DDP._build_buckets``, a test checks they agree; PyTorch's reducer
-closes buckets by the same rule when it rebuilds them in gradient-ready order after the first
-iteration) and single-process training on the global batch, which is every rank's private shard
-put together (PyTorch's DDP equals it: ``tests/test_ddp.py``). No rank had the other ranks' shards:
+makes the same buckets, one dtype each, when it rebuilds them in gradient-ready order after the first
+iteration, and lists them in another order when the dtypes are mixed) and single-process training on
+the global batch, which is every rank's private shard put together (PyTorch's DDP equals it:
+``tests/test_ddp.py``). No rank had the other ranks' shards:
 a gradient equal to the global batch's is proof that the ranks communicated.
 
 The ranks' traces of collectives are checked too (self-reported, so they explain rather than prove):
@@ -34,22 +35,31 @@ def _nbytes(p: torch.Tensor) -> int:
 
 # ------------------------------------------------------------------ 1. the bucket rule
 def reference_buckets(params, cap_bytes: int) -> list[list[int]]:
-    """DDP's rule (``dtrain_lab.parallel.ddp.DDP._build_buckets``): walk the parameters in **reverse**
-    registration order (backward produces the gradients of the last layers first), append each to
-    the open bucket, and close the bucket as soon as it holds at least ``cap_bytes`` bytes; what is
-    left at the end is the last bucket. A parameter larger than the cap therefore closes the bucket
-    it joins (it does not get a bucket of its own). Each bucket lists its indices in the order they
-    were added."""
-    buckets, current, size = [], [], 0
+    """DDP's rule (``dtrain_lab.parallel.ddp.DDP._build_buckets``): a bucket is one flat buffer, so it
+    holds one dtype on one device. Walk the parameters in **reverse** registration order (backward
+    produces the gradients of the last layers first) and keep one open bucket per (dtype, device):
+    append each parameter to the open bucket of its dtype and device, and close that bucket as soon as
+    it holds at least ``cap_bytes`` bytes; the buckets still open at the end are kept too. A parameter
+    larger than the cap therefore closes the bucket it joins (it does not get a bucket of its own).
+    Each bucket lists its indices in the order they were added, and the buckets are ordered by their
+    first parameter in the reverse walk (with one dtype: the order they were closed in).
+
+    PyTorch's ``torch.distributed._compute_bucket_assignment_by_size`` (given the reversed parameters,
+    ``[cap_bytes]`` and their indices, as DDP rebuilds its buckets after the first iteration) makes
+    the same buckets; with mixed dtypes it lists them in another order (closed buckets in closing order,
+    then the ones left open, in an order its implementation sets). ``tests/test_lab02_04.py`` checks both."""
+    open_: dict[tuple, list] = {}
+    buckets: list[list[int]] = []
     for i in reversed(range(len(params))):
-        current.append(i)
-        size += _nbytes(params[i])
-        if size >= cap_bytes:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
+        key = (params[i].dtype, params[i].device)
+        current = open_.setdefault(key, [[], 0])
+        current[0].append(i)
+        current[1] += _nbytes(params[i])
+        if current[1] >= cap_bytes:
+            buckets.append(current[0])
+            del open_[key]
+    buckets += [current for current, _ in open_.values()]
+    return sorted(buckets, key=lambda b: -b[0])
 
 
 BUCKET_NUMELS = [sum(p.numel() for i, p in enumerate(contract.lab_model().parameters()) if i in b)
@@ -98,7 +108,33 @@ def _as_if_float32(params, cap):
     return reference_buckets([torch.empty(p.numel(), dtype=torch.float32) for p in params], cap)
 
 
-_BUCKET_HINTS = [(_forward_order, "lab02_hint_forward_order"), (_strictly_over, "lab02_hint_strictly_over"),
+def _one_stream(params, cap):
+    """One stream of buckets whatever the dtype (a flat buffer holds one dtype)."""
+    buckets, current, size = [], [], 0
+    for i in reversed(range(len(params))):
+        current.append(i)
+        size += _nbytes(params[i])
+        if size >= cap:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + ([current] if current else [])
+
+
+def _in_closing_order(params, cap):
+    """One bucket per dtype, but listed as they were closed, then the ones left open (close to PyTorch's order)."""
+    open_, buckets = {}, []
+    for i in reversed(range(len(params))):
+        current = open_.setdefault(params[i].dtype, [[], 0])
+        current[0].append(i)
+        current[1] += _nbytes(params[i])
+        if current[1] >= cap:
+            buckets.append(open_.pop(params[i].dtype)[0])
+    return buckets + [current for current, _ in open_.values()]
+
+
+# the two dtype slips first: on a mixed case, a single-stream slip's buckets can coincide with one stream's
+_BUCKET_HINTS = [(_one_stream, "lab02_hint_one_stream"), (_in_closing_order, "lab02_hint_bucket_order"),
+                 (_forward_order, "lab02_hint_forward_order"), (_strictly_over, "lab02_hint_strictly_over"),
                  (_close_before, "lab02_hint_close_before"), (_as_if_float32, "lab02_hint_float32")]
 
 
