@@ -16,6 +16,7 @@ submission that rewrites the driver could forge it, which the instructor guide s
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 import torch.nn.functional as F
@@ -66,28 +67,26 @@ BUCKET_NUMELS = [sum(p.numel() for i, p in enumerate(contract.lab_model().parame
                  for b in contract.BUCKETS]
 
 
-def _forward_order(params, cap):
-    """The same rule in registration order (a plausible slip)."""
+def _stream(params, cap, order, full) -> list[list[int]]:
+    """One stream of buckets over ``order``, whatever the dtype: a bucket closes once ``full(size, cap)``."""
     buckets, current, size = [], [], 0
-    for i in range(len(params)):
+    for i in order:
         current.append(i)
         size += _nbytes(params[i])
-        if size >= cap:
+        if full(size, cap):
             buckets.append(current)
             current, size = [], 0
     return buckets + ([current] if current else [])
+
+
+def _forward_order(params, cap):
+    """The same rule in registration order (a plausible slip)."""
+    return _stream(params, cap, range(len(params)), operator.ge)
 
 
 def _strictly_over(params, cap):
     """Closes a bucket only once it holds *more* than the cap."""
-    buckets, current, size = [], [], 0
-    for i in reversed(range(len(params))):
-        current.append(i)
-        size += _nbytes(params[i])
-        if size > cap:
-            buckets.append(current)
-            current, size = [], 0
-    return buckets + ([current] if current else [])
+    return _stream(params, cap, reversed(range(len(params))), operator.gt)
 
 
 def _close_before(params, cap):
@@ -110,14 +109,7 @@ def _as_if_float32(params, cap):
 
 def _one_stream(params, cap):
     """One stream of buckets whatever the dtype (a flat buffer holds one dtype)."""
-    buckets, current, size = [], [], 0
-    for i in reversed(range(len(params))):
-        current.append(i)
-        size += _nbytes(params[i])
-        if size >= cap:
-            buckets.append(current)
-            current, size = [], 0
-    return buckets + ([current] if current else [])
+    return _stream(params, cap, reversed(range(len(params))), operator.ge)
 
 
 def _in_closing_order(params, cap):
