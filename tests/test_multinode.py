@@ -92,9 +92,14 @@ def test_ddp_step_same_on_both_nodes_and_equal_to_one_process(job):
 # would (plain Python, no torch import: only the agents cost a start-up)
 FAIL_WORKER = """
 import os, time
+mark = os.environ["DTRAIN_TEST_MARK"]
 if os.environ["DTRAIN_SIM_NODE"] == "1":
+    deadline = time.monotonic() + 90        # fail once node 0 is inside its program (a loaded machine is slow)
+    while not os.path.exists(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
     raise RuntimeError("node 1 fails on purpose")
 print("node 0 waits for its peer", flush=True)
+open(mark, "w").close()
 time.sleep(600)
 """
 
@@ -104,7 +109,7 @@ def test_a_failing_node_stops_the_other_and_leaves_nothing(tmp_path):
     worker.write_text(FAIL_WORKER)
     tag = uuid.uuid4().hex
     r = cluster.run_local_nodes(str(worker), nnodes=2, nproc=1, timeout=120, startup_timeout=120,
-                                env={"DTRAIN_TEST_TAG": tag})
+                                env={"DTRAIN_TEST_TAG": tag, "DTRAIN_TEST_MARK": str(tmp_path / "node0_started")})
     assert_no_survivors(tag)
     assert not r.ok
     failed = r.nodes[1].result

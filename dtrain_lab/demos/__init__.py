@@ -6,5 +6,5 @@ a module, because torchrun cannot run code defined in a notebook; short; ending 
 ``runtime.entrypoint(main)`` (``recovery_restart_probe`` starts its own process group instead: it
 shows what a restart meets). The others are drivers a lesson calls in its own process (``amp_runs``,
 ``actckpt_measure``, ``collective_timing``, ``recovery_lesson``, ``busy_port``) and pieces the
-programs share (``commcount``, ``zero_cases``, ``dp_sync_bn``, ``ds_train``).
+programs share (``alternate``, ``commcount``, ``zero_cases``, ``dp_sync_bn``, ``ds_train``).
 """

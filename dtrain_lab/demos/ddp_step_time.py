@@ -11,15 +11,13 @@ step. Rank 0 reports them. CPU/gloo figures: they say nothing about NCCL on GPUs
 
 :func:`bench_ddp` launches this program and turns its report into a benchmark row.
 """
-import statistics
 import sys
-import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from dtrain_lab.demos.alternate import time_blocks
 from dtrain_lab.jobs import runtime
 from dtrain_lab.jobs.launch import launch
 from dtrain_lab.parallel.ddp import DDP, naive_allreduce_grads
@@ -59,23 +57,7 @@ def main() -> None:
             naive_allreduce_grads(net)
         opt.step()
 
-    for kind in variants:  # warm-up (PyTorch DDP rebuilds its buckets after the first step)
-        for _ in range(3):
-            step(kind)
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    t = torch.zeros(1, device=rt.device)
-    for _ in range(repeats):
-        for kind in variants:
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step(kind)
-            if cuda:
-                torch.cuda.synchronize()
-            t[0] = (time.perf_counter() - t0) / steps
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            times[kind].append(float(t.item()))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med, times = time_blocks(step, variants, repeats, steps, 3, rt.device)
     ours = variants["ours"][0]
     runtime.report(backend=rt.backend, world_size=rt.world_size, params=count_params(ours.module),
                    buckets=ours.stats()["num_buckets"], ours_s=med["ours"], torch_s=med["torch"],

@@ -19,15 +19,13 @@ Timed blocks of ``steps`` steps (forward, backward, SGD step) alternate between 
 the slowest rank's seconds per step; a variant's time is the median of its blocks. Rank 0 reports
 them. These are CPU/gloo numbers: they say nothing about NCCL on GPUs.
 """
-import statistics
 import sys
-import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from dtrain_lab.demos.alternate import time_blocks
 from dtrain_lab.jobs import runtime
 from dtrain_lab.parallel.ddp import DDP, naive_allreduce_grads
 from dtrain_lab.models import MLP
@@ -72,23 +70,7 @@ def main() -> None:
             naive_allreduce_grads(net)
         opt.step()
 
-    for name in variants:  # warm-up; PyTorch's DDP rebuilds its buckets after its first step
-        for _ in range(2):
-            step(name)
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    t = torch.zeros(1, device=rt.device)
-    for _ in range(repeats):
-        for name in variants:
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step(name)
-            if cuda:
-                torch.cuda.synchronize()
-            t[0] = (time.perf_counter() - t0) / steps
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)   # a step is as slow as the slowest rank
-            times[name].append(float(t.item()))
-    seconds = {name: statistics.median(v) for name, v in times.items()}
+    seconds, _ = time_blocks(step, variants, repeats, steps, 2, rt.device)
     buckets = {name: net.stats()["num_buckets"] for name, (net, _) in variants.items() if isinstance(net, DDP)}
     runtime.report(backend=rt.backend, caps=caps, seconds=seconds, buckets=buckets, repeats=repeats, steps=steps,
                    params=len(list(variants["naive"][0].parameters())))

@@ -113,7 +113,8 @@ def run_layout(preset: str, degrees: dict) -> dict:
     ref = reference(cfg, x, y, solo)
     out["max_diff"] = max((p - expected(n, ref[layer], blk, tp_rank)).abs().max().item()
                           for layer, blk in zip(layers, blocks) for n, p in blk.named_parameters())
-    out["moved"] = max((p - expected(n, Block(cfg, layer, seed=0, moe_group=solo), blk, tp_rank)).abs().max().item()
+    initial = {layer: Block(cfg, layer, seed=0, moe_group=solo) for layer in layers}
+    out["moved"] = max((p - expected(n, initial[layer], blk, tp_rank)).abs().max().item()
                        for layer, blk in zip(layers, blocks) for n, p in blk.named_parameters())
     return out
 

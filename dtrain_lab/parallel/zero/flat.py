@@ -138,6 +138,22 @@ def counted(comm: Comm, what: str) -> dict[str, int]:
     return {op: int(round(table[op])) for op in COUNTED}
 
 
+class CommCounts:
+    """``comm_bytes`` / ``comm_calls`` read from ``self._comm``: what the lessons print for every ZeRO stage."""
+
+    _comm: Comm
+
+    @property
+    def comm_bytes(self) -> dict[str, int]:
+        """Bytes this rank has sent so far per collective (ring volumes, :func:`dtrain_lab.perfmodel.ring_bytes_sent`)."""
+        return counted(self._comm, "wire")
+
+    @property
+    def comm_calls(self) -> dict[str, int]:
+        """Calls this rank has issued so far per collective."""
+        return counted(self._comm, "calls")
+
+
 def state_tensors(optimizer: torch.optim.Optimizer, flats: list[FlatShard]):
     """(piece, state tensor) for every per-element optimizer state tensor (Adam's m and v; the
     zero-dimensional ``step`` counter does not scale with Ψ and is left out)."""

@@ -13,7 +13,7 @@ from dtrain_lab.parallel.zero import flat as F
 from dtrain_lab.parallel.zero.buckets import BucketReducer
 
 
-class ShardedOptimizer(torch.optim.Optimizer):
+class ShardedOptimizer(F.CommCounts, torch.optim.Optimizer):
     """ZeRO stage 1 or 2 around any ``torch.optim`` optimizer (Adam, AdamW, SGD, …).
 
     ``ShardedOptimizer(model.parameters(), torch.optim.AdamW, stage=2, lr=1e-3)`` (parameter groups as
@@ -118,15 +118,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().add_param_group({**param_group, "params": ps})
 
     # -- properties the lessons read
-    @property
-    def comm_bytes(self) -> dict[str, int]:
-        """Bytes this rank has sent so far per collective (ring volumes, :func:`dtrain_lab.perfmodel.ring_bytes_sent`)."""
-        return F.counted(self._comm, "wire")
-
-    @property
-    def comm_calls(self) -> dict[str, int]:
-        return F.counted(self._comm, "calls")
-
     @property
     def shard_numel(self) -> int:
         return self.flat.shard_numel

@@ -49,7 +49,7 @@ class _Unit:
         self.reduced = True
 
 
-class ZeroStage3:
+class ZeroStage3(F.CommCounts):
     """ZeRO stage 3 (what FSDP calls FULL_SHARD): parameters, gradients and optimizer state sharded.
 
     ``z = ZeroStage3(model, torch.optim.Adam, lr=1e-3)``; then ``loss = f(z.module(x)); loss.backward();
@@ -206,14 +206,6 @@ class ZeroStage3:
             self._free(unit)
 
     # -- optimizer-side API
-    @property
-    def comm_bytes(self) -> dict[str, int]:
-        return F.counted(self._comm, "wire")
-
-    @property
-    def comm_calls(self) -> dict[str, int]:
-        return F.counted(self._comm, "calls")
-
     @property
     def param_groups(self):
         return self.optimizer.param_groups
