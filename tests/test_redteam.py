@@ -115,6 +115,12 @@ def test_hostile_classmate_reads_writes_reaches_and_survives_nothing(tmp_path):
 def test_forged_success_record_gets_no_score():
     sub = REDTEAM / "forged_result.py"
     v = grade("lab10.rank_branch", sub, lang="en")
+    assert not v.passed and v.score == 0, v.feedback
+    if v.outcome == "crash":
+        # a rank that leaves at once can reset its peer's connection while the peer is still joining
+        # the process group: the peer crashes before its forgery runs (seen once in a loaded CI run)
+        assert "rank 1 failed first" in v.feedback or "rank 0 failed first" in v.feedback, v.feedback
+        return
     # the forged record is read as what it is, the practice seed's answer, and judged outside
     assert v.outcome == "wrong", v.feedback
     practice = sum(i["loss"] for i in lab10.make_inputs(0, 2)) / 2
