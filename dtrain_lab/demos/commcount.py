@@ -60,8 +60,9 @@ def _raw_events(prof) -> list:
     """``(name, start_ns, end_ns, shapes, dtypes)`` of every recorded event.
 
     Read from the profiler's raw Kineto results: ``prof.events()`` first builds a Python
-    ``FunctionEvent`` tree of every aten op (about 2 s per 10,000 events on one core), and a
-    pipeline step records tens of thousands of them to find a few dozen backend calls.
+    ``FunctionEvent`` tree of every aten op (measured: 3.4 s for 50,000 events on an idle core, against
+    0.17 s for this read), and a pipeline step records tens of thousands of them to find a few dozen
+    backend calls.
     """
     raw = getattr(getattr(prof, "profiler", None), "kineto_results", None)
     if raw is not None:
