@@ -14,6 +14,23 @@ from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+
+from dtrain_lab.parallel.ddp import naive_allreduce_grads
+
+
+def mse_step(variants: dict, x: torch.Tensor, y: torch.Tensor) -> Callable[[str], None]:
+    """``step(name)``: one SGD step of ``variants[name] = (net, optimizer)`` on MSE(net(x), y); the
+    variant named ``naive`` all-reduces its gradients one parameter at a time after backward."""
+    def step(name: str) -> None:
+        net, opt = variants[name]
+        opt.zero_grad(set_to_none=True)
+        F.mse_loss(net(x), y).backward()
+        if name == "naive":
+            naive_allreduce_grads(net)
+        opt.step()
+
+    return step
 
 
 def time_blocks(step: Callable[[str], None], names: Iterable[str], repeats: int, steps: int, warmup: int,

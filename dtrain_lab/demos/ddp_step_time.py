@@ -14,13 +14,12 @@ step. Rank 0 reports them. CPU/gloo figures: they say nothing about NCCL on GPUs
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from dtrain_lab.demos.alternate import time_blocks
+from dtrain_lab.demos.alternate import mse_step, time_blocks
 from dtrain_lab.jobs import runtime
 from dtrain_lab.jobs.launch import launch
-from dtrain_lab.parallel.ddp import DDP, naive_allreduce_grads
+from dtrain_lab.parallel.ddp import DDP
 from dtrain_lab.models import MLP, count_params
 
 
@@ -49,15 +48,7 @@ def main() -> None:
 
     variants = {k: make(k) for k in ("torch", "ours", "no_overlap", "naive")}
 
-    def step(kind):
-        net, opt = variants[kind]
-        opt.zero_grad(set_to_none=True)
-        F.mse_loss(net(x), y).backward()
-        if kind == "naive":
-            naive_allreduce_grads(net)
-        opt.step()
-
-    med, times = time_blocks(step, variants, repeats, steps, 3, rt.device)
+    med, times = time_blocks(mse_step(variants, x, y), variants, repeats, steps, 3, rt.device)
     ours = variants["ours"][0]
     runtime.report(backend=rt.backend, world_size=rt.world_size, params=count_params(ours.module),
                    buckets=ours.stats()["num_buckets"], ours_s=med["ours"], torch_s=med["torch"],

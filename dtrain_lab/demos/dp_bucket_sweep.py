@@ -22,12 +22,11 @@ them. These are CPU/gloo numbers: they say nothing about NCCL on GPUs.
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from dtrain_lab.demos.alternate import time_blocks
+from dtrain_lab.demos.alternate import mse_step, time_blocks
 from dtrain_lab.jobs import runtime
-from dtrain_lab.parallel.ddp import DDP, naive_allreduce_grads
+from dtrain_lab.parallel.ddp import DDP
 from dtrain_lab.models import MLP
 
 DEFAULT_CAPS = (0.005, 0.02, 0.1, 25.0)
@@ -62,15 +61,7 @@ def main() -> None:
         for kind in ("ours", "ours_no_overlap", "torch"):
             variants[f"{kind}@{cap:g}"] = make(kind, cap)
 
-    def step(name: str) -> None:
-        net, opt = variants[name]
-        opt.zero_grad(set_to_none=True)
-        F.mse_loss(net(x), y).backward()
-        if name == "naive":
-            naive_allreduce_grads(net)
-        opt.step()
-
-    seconds, _ = time_blocks(step, variants, repeats, steps, 2, rt.device)
+    seconds, _ = time_blocks(mse_step(variants, x, y), variants, repeats, steps, 2, rt.device)
     buckets = {name: net.stats()["num_buckets"] for name, (net, _) in variants.items() if isinstance(net, DDP)}
     runtime.report(backend=rt.backend, caps=caps, seconds=seconds, buckets=buckets, repeats=repeats, steps=steps,
                    params=len(list(variants["naive"][0].parameters())))
