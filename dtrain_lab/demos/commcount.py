@@ -25,6 +25,8 @@ import math
 _DTYPE_BYTES = {"float": 4, "double": 8, "long int": 8, "int": 4, "c10::Half": 2, "c10::BFloat16": 2,
                 "bool": 1, "signed char": 1, "unsigned char": 1, "short int": 2}
 _BACKENDS = ("gloo:", "nccl:")
+_LABEL = "dtrain:"
+_KEPT = (_LABEL,) + _BACKENDS      # the events counted() reads: its labels and the backend calls
 
 
 _DEFAULT_DIM = {"all_reduce": "tp", "send": "pp", "recv": "pp"}
@@ -40,8 +42,8 @@ def counted(by_dim: bool = False):
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         yield out
     events = _raw_events(prof)
-    labels = [(e[1], e[2], e[0][7:]) for e in events if e[0].startswith("dtrain:")]
-    for name, start, _end, shapes, dtypes in events:
+    labels = [(start, end, name[len(_LABEL):]) for name, start, end, _, _ in events if name.startswith(_LABEL)]
+    for name, start, _, shapes, dtypes in events:
         if not name.startswith(_BACKENDS):
             continue
         op = name.split(":", 1)[1]
@@ -57,7 +59,7 @@ def counted(by_dim: bool = False):
 
 
 def _raw_events(prof) -> list:
-    """``(name, start_ns, end_ns, shapes, dtypes)`` of every recorded event.
+    """``(name, start_ns, end_ns, shapes, dtypes)`` of every recorded event that :func:`counted` reads.
 
     Read from the profiler's raw Kineto results: ``prof.events()`` first builds a Python
     ``FunctionEvent`` tree of every aten op (measured: 3.4 s for 50,000 events on an idle core, against
@@ -66,8 +68,7 @@ def _raw_events(prof) -> list:
     """
     raw = getattr(getattr(prof, "profiler", None), "kineto_results", None)
     if raw is not None:
-        keep = ("dtrain:",) + _BACKENDS
         return [(e.name(), e.start_ns(), e.end_ns(), e.shapes(), e.dtypes()) for e in raw.events()
-                if e.name().startswith(keep)]
+                if e.name().startswith(_KEPT)]
     return [(e.name, e.time_range.start * 1000, e.time_range.end * 1000, e.input_shapes, e.input_dtypes)
-            for e in prof.events() if e.name.startswith(("dtrain:",) + _BACKENDS)]
+            for e in prof.events() if e.name.startswith(_KEPT)]
