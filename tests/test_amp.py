@@ -14,15 +14,16 @@ from dtrain_lab.demos import amp_runs
 from dtrain_lab.parallel import accum, amp
 from dtrain_lab.data import global_batch, regression_dataset
 from dtrain_lab.models import MLP
+from forkjob import fork_launch
 
 MLP_NUMEL = 16 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4  # MLP(16, 32, 4, depth=2)
 
 
 # ------------------------------------------------------------------------------------ multi-process
 @pytest.mark.timeout(300)
-def test_accumulation_equals_large_batch_and_no_sync_saves_allreduces(run):
+def test_accumulation_equals_large_batch_and_no_sync_saves_allreduces():
     micro, k, steps = 4, 4, 3
-    r = run("dtrain_lab.demos.accum_equivalence", nproc=2, args=[micro, k, steps], timeout=200)
+    r = fork_launch("dtrain_lab.demos.accum_equivalence", nproc=2, args=[micro, k, steps], timeout=200)
     assert r.ok, r.summary() + "\n" + "\n".join(x.output[-3000:] for x in r.ranks)
     for rank, m in r.metrics.items():
         assert m["global_batch"] == micro * k * 2 and m["numel"] == MLP_NUMEL

@@ -6,6 +6,7 @@ import pytest
 from conftest import WORKERS
 
 from dtrain_lab.jobs.runtime import gpu_count
+from forkjob import fork_launch
 
 WORLD_SIZES = [2, 3, 4]
 GPUS = gpu_count()
@@ -15,12 +16,11 @@ GPUS = gpu_count()
 def results():
     import uuid
 
-    import dtrain_lab
 
     out = {}
     for n in WORLD_SIZES:
-        out[n] = dtrain_lab.launch(str(WORKERS / "dist_checks.py"), nproc=n, timeout=120, quiet=True,
-                                   env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+        out[n] = fork_launch(str(WORKERS / "dist_checks.py"), nproc=n, timeout=120, quiet=True,
+                             env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
     return out
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import WORKERS, job_metrics
+from forkjob import fork_launch
 
 WORLD_SIZES = [2, 3]
 STEPS = 5                 # tests/workers/compression_checks.py: STEPS
@@ -31,10 +32,9 @@ TRAIN_NUMEL = 16 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4      # MLP(16, 64, 4) of 
 def results():
     import uuid
 
-    import dtrain_lab
 
-    return {n: dtrain_lab.launch(str(WORKERS / "compression_checks.py"), nproc=n, timeout=400, quiet=True,
-                                 env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+    return {n: fork_launch(str(WORKERS / "compression_checks.py"), nproc=n, timeout=400, quiet=True,
+                           env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
             for n in WORLD_SIZES}
 
 

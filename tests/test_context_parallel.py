@@ -20,6 +20,7 @@ from dtrain_lab.parallel.context import (attention_reference, block_attention, c
                                          online_softmax_merge, ring_attention, ring_comm_bytes, shard_positions,
                                          shard_sequence, unshard_sequence, zigzag_order)
 from conftest import job_metrics
+from forkjob import fork_launch
 
 TOL = 1e-12   # float64
 
@@ -120,10 +121,9 @@ LAUNCHES = {2: "equal,torch", 4: "equal"}
 
 @pytest.fixture(scope="module")
 def results():
-    import dtrain_lab
 
-    return {n: dtrain_lab.launch("dtrain_lab.demos.cp_run", nproc=n, args=[parts], timeout=300, quiet=True,
-                                 env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+    return {n: fork_launch("dtrain_lab.demos.cp_run", nproc=n, args=[parts], timeout=300, quiet=True,
+                           env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
             for n, parts in LAUNCHES.items()}
 
 

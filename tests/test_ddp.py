@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import WORKERS, job_metrics
+from forkjob import fork_launch
 
 WORLD_SIZES = [2, 3]
 MLP_BYTES = 4 * (16 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4)  # MLP(16, 32, 4, depth=2), float32
@@ -18,10 +19,9 @@ MLP_REVERSED = ["layers.4.bias", "layers.4.weight", "layers.2.bias", "layers.2.w
 def results():
     import uuid
 
-    import dtrain_lab
 
-    return {n: dtrain_lab.launch(str(WORKERS / "ddp_checks.py"), nproc=n, timeout=240, quiet=True,
-                                 env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+    return {n: fork_launch(str(WORKERS / "ddp_checks.py"), nproc=n, timeout=240, quiet=True,
+                           env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
             for n in WORLD_SIZES}
 
 

@@ -14,6 +14,7 @@ import pytest
 from dtrain_lab.parallel import deepspeed_lab as dsl
 from dtrain_lab import i18n
 from dtrain_lab.perfmodel import zero_memory
+from forkjob import fork_launch
 
 WORLD = 2
 STEPS = 8
@@ -23,10 +24,8 @@ NUMEL = 16 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4     # MLP(16, 32, 4, depth=2): 
 
 @pytest.fixture(scope="module")
 def job():
-    import dtrain_lab
-
-    r = dtrain_lab.launch("dtrain_lab.demos.ds_zero", nproc=WORLD, args=[f"steps={STEPS}"], timeout=240,
-                          startup_timeout=120, quiet=True)
+    r = fork_launch("dtrain_lab.demos.ds_zero", nproc=WORLD, args=[f"steps={STEPS}"], timeout=240,
+                    startup_timeout=120, quiet=True)
     assert r.ok, r.summary() + "\n" + "\n".join(x.output[-4000:] for x in r.ranks)
     assert sorted(r.metrics) == list(range(WORLD))
     assert all(m.get("last") is True for m in r.metrics.values())

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from dtrain_lab.i18n import LabError
 from dtrain_lab.parallel.expert import MoE, all_to_all, load_balancing_loss, moe_comm_bytes, route
+from forkjob import fork_launch
 
 TOL = 1e-12
 
@@ -113,10 +114,9 @@ def test_bad_input_is_a_clear_error():
 # ------------------------------------------------------------------------------------ multi-process
 @pytest.fixture(scope="module")
 def results():
-    import dtrain_lab
 
-    return {n: dtrain_lab.launch("dtrain_lab.demos.ep_run", nproc=n, timeout=300, quiet=True,
-                                 env={"DTRAIN_TEST_TAG": uuid.uuid4().hex}) for n in (2, 3)}
+    return {n: fork_launch("dtrain_lab.demos.ep_run", nproc=n, timeout=300, quiet=True,
+                           env={"DTRAIN_TEST_TAG": uuid.uuid4().hex}) for n in (2, 3)}
 
 
 @pytest.mark.timeout(600)

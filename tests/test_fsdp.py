@@ -18,6 +18,7 @@ import math
 import pytest
 import torch
 from conftest import job_metrics
+from forkjob import fork_launch
 
 WORLD_SIZES = [2, 3]
 STEPS = 3                 # fsdp_run's default
@@ -30,13 +31,12 @@ NOISE_GRAD = 1e-6
 def results():
     import uuid
 
-    import dtrain_lab
 
     out = {}
     for n in WORLD_SIZES:
         sections = "train,memory" if n == 2 else "train"
-        out[n] = dtrain_lab.launch("dtrain_lab.demos.fsdp_run", nproc=n, args=[sections, STEPS], timeout=240,
-                                   quiet=True, env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+        out[n] = fork_launch("dtrain_lab.demos.fsdp_run", nproc=n, args=[sections, STEPS], timeout=240,
+                             quiet=True, env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
     return out
 
 

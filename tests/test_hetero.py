@@ -10,17 +10,13 @@ import torch
 
 from dtrain_lab.parallel import hetero
 from dtrain_lab.i18n import LabError
+from forkjob import fork_launch
 
 
 @pytest.fixture(scope="module")
 def run():
-    import dtrain_lab
-    from conftest import assert_no_survivors
-
-    tag = uuid.uuid4().hex
-    r = dtrain_lab.launch("dtrain_lab.demos.multinode_hetero", nproc=2, args=["--counts", "3,5"],
-                          timeout=90, quiet=True, env={"DTRAIN_TEST_TAG": tag})
-    assert_no_survivors(tag)
+    r = fork_launch("dtrain_lab.demos.multinode_hetero", nproc=2, args=["--counts", "3,5"],
+                    timeout=90, quiet=True, env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
     assert r.ok, r.summary() + "\n" + "\n".join(x.output[-3000:] for x in r.ranks)
     return r
 

@@ -10,6 +10,7 @@ from conftest import WORKERS
 from dtrain_lab import perfmodel
 from dtrain_lab.comm.hierarchical import hierarchical_all_reduce, hierarchical_groups, node_layout, predict
 from dtrain_lab.i18n import LabError
+from forkjob import fork_launch
 
 WORLD_SIZES = [2, 3, 4]
 
@@ -59,10 +60,9 @@ def test_prediction_is_perfmodels_formulas():
 def results():
     import uuid
 
-    import dtrain_lab
 
-    return {n: dtrain_lab.launch(str(WORKERS / "hierarchical_checks.py"), nproc=n, timeout=240, quiet=True,
-                                 env={"DTRAIN_TEST_TAG": uuid.uuid4().hex}) for n in WORLD_SIZES}
+    return {n: fork_launch(str(WORKERS / "hierarchical_checks.py"), nproc=n, timeout=240, quiet=True,
+                           env={"DTRAIN_TEST_TAG": uuid.uuid4().hex}) for n in WORLD_SIZES}
 
 
 def seeds_sum(p: int) -> torch.Tensor:

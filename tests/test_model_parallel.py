@@ -8,6 +8,7 @@ the multi-device version on the CPU and the errors.
 import pytest
 import torch
 import torch.nn as nn
+from forkjob import fork_launch
 
 STEPS, D_HIDDEN, BATCH = 5, 32, 16
 
@@ -16,10 +17,9 @@ STEPS, D_HIDDEN, BATCH = 5, 32, 16
 def ranks():
     import uuid
 
-    import dtrain_lab
 
-    r = dtrain_lab.launch("dtrain_lab.demos.mp_run", nproc=2, args=[STEPS, D_HIDDEN, BATCH], timeout=180,
-                          quiet=True, env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+    r = fork_launch("dtrain_lab.demos.mp_run", nproc=2, args=[STEPS, D_HIDDEN, BATCH], timeout=180,
+                    quiet=True, env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
     assert r.ok, r.summary() + "\n" + "\n".join(x.output[-3000:] for x in r.ranks)
     assert sorted(r.metrics) == [0, 1]
     return r.metrics

@@ -24,6 +24,7 @@ from dtrain_lab.parallel.pipeline import (Action, PipelineError, PipelineStage, 
                                  peak_in_flight, run_schedule, schedule, simulate_timeline, split_sequential,
                                  train_step, validate)
 from conftest import job_metrics
+from forkjob import fork_launch
 
 TOL = 1e-6
 PAIRS = [(p, m) for p in range(1, 7) for m in range(1, 10)]
@@ -192,10 +193,9 @@ LAUNCHES = {2: ["train", "3,4"], 4: ["train,dims", "5"]}
 
 @pytest.fixture(scope="module")
 def results():
-    import dtrain_lab
 
-    return {n: dtrain_lab.launch("dtrain_lab.demos.pp_run", nproc=n, args=args, timeout=240, quiet=True,
-                                 env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+    return {n: fork_launch("dtrain_lab.demos.pp_run", nproc=n, args=args, timeout=240, quiet=True,
+                           env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
             for n, args in LAUNCHES.items()}
 
 

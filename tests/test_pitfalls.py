@@ -11,6 +11,7 @@ from dtrain_lab import perfmodel
 from dtrain_lab.demos.pitfalls import first_batch_forever
 from dtrain_lab.demos.scaling import format_table, scaling_table
 from dtrain_lab.i18n import LabError
+from forkjob import fork_launch
 
 
 def test_next_iter_inside_the_loop_never_leaves_the_first_batch():
@@ -27,8 +28,8 @@ def test_next_iter_inside_the_loop_never_leaves_the_first_batch():
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("p", [2, 3])
 def test_a_second_all_reduce_on_top_of_ddp_multiplies_the_gradients_by_p(p):
-    r = dtrain_lab.launch("dtrain_lab.demos.pitfalls", nproc=p, args=["double_reduction"], timeout=240,
-                          quiet=True, env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+    r = fork_launch("dtrain_lab.demos.pitfalls", nproc=p, args=["double_reduction"], timeout=240,
+                    quiet=True, env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
     assert r.ok, r.summary() + "\n" + "\n".join(x.output for x in r.ranks)
     for m in r.metrics.values():
         assert m["world_size"] == p
@@ -84,8 +85,8 @@ def test_scaling_table_says_when_ranks_oversubscribe_in_both_languages():
 
 @pytest.mark.timeout(600)
 def test_scaling_job_reports_every_group_size():
-    r = dtrain_lab.launch("dtrain_lab.demos.scaling", nproc=3, args=["blocks=1", "steps=2", "warmup=1"],
-                          timeout=240, quiet=True, env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+    r = fork_launch("dtrain_lab.demos.scaling", nproc=3, args=["blocks=1", "steps=2", "warmup=1"],
+                    timeout=240, quiet=True, env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
     assert r.ok, r.summary() + "\n" + "\n".join(x.output for x in r.ranks)
     m = r.metrics[0]
     assert sorted(m["step"]) == ["1", "2", "3"] and all(v > 0 for v in m["step"].values())

@@ -19,6 +19,7 @@ import pytest
 
 from dtrain_lab.i18n import LabError
 from dtrain_lab.planner import model_preset, plan, stage_layers
+from forkjob import fork_launch
 
 
 def _formula_params(c) -> int:
@@ -122,10 +123,9 @@ def test_cli_help_json_and_errors(capsys):
 # ------------------------------------------------------------------------------------ real runs (4 ranks)
 @pytest.fixture(scope="module")
 def real():
-    import dtrain_lab
 
-    r = dtrain_lab.launch("dtrain_lab.demos.plan_run", nproc=4, timeout=600, quiet=True,
-                          env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+    r = fork_launch("dtrain_lab.demos.plan_run", nproc=4, timeout=600, quiet=True,
+                    env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
     assert r.ok, r.summary() + "\n" + "\n".join(x.output[-3000:] for x in r.ranks)
     return r.metrics
 

@@ -19,10 +19,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-import dtrain_lab
 from dtrain_lab.resilience import checkpoint, faults, recovery
 from dtrain_lab.data import regression_dataset
 from dtrain_lab.i18n import LabError, catalogue
+from forkjob import fork_launch
 
 
 def _state(seed=0):
@@ -301,12 +301,12 @@ def dcp_runs(tmp_path_factory):
     env = {"DTRAIN_TEST_TAG": uuid.uuid4().hex, "DTRAIN_PG_TIMEOUT": "30",
            "DTRAIN_FAIL_AT_STEP": "4", "DTRAIN_FAIL_RANK": "1", "DTRAIN_FAIL_MODE": "stall",
            "DTRAIN_FAIL_STALL_S": "2.5", "DTRAIN_TEST_STALE": "1.0"}
-    saved = dtrain_lab.launch("dtrain_lab.demos.recovery_dcp", nproc=2, args=["save", root], timeout=90,
-                              quiet=True, env=env)
+    saved = fork_launch("dtrain_lab.demos.recovery_dcp", nproc=2, args=["save", root], timeout=90,
+                        quiet=True, env=env)
     loaded = None
     if saved.ok:
-        loaded = dtrain_lab.launch("dtrain_lab.demos.recovery_dcp", nproc=3, args=["load", root], timeout=90,
-                                   quiet=True, env={"DTRAIN_TEST_TAG": env["DTRAIN_TEST_TAG"]})
+        loaded = fork_launch("dtrain_lab.demos.recovery_dcp", nproc=3, args=["load", root], timeout=90,
+                             quiet=True, env={"DTRAIN_TEST_TAG": env["DTRAIN_TEST_TAG"]})
     return root, saved, loaded
 
 

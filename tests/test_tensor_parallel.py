@@ -11,6 +11,7 @@ Exact or close? Splitting a matmul's reduction over ranks (row-parallel, and ``â
 import pytest
 import torch
 import torch.nn as nn
+from forkjob import fork_launch
 
 TOL = 1e-5
 D, HEADS = 32, 2
@@ -20,10 +21,9 @@ D, HEADS = 32, 2
 def result():
     import uuid
 
-    import dtrain_lab
 
-    return dtrain_lab.launch("dtrain_lab.demos.tp_run", nproc=2, timeout=180, quiet=True,
-                             env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+    return fork_launch("dtrain_lab.demos.tp_run", nproc=2, timeout=180, quiet=True,
+                       env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
 
 
 @pytest.fixture(scope="module")

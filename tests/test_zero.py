@@ -25,6 +25,7 @@ import torch.nn as nn
 from dtrain_lab.i18n import LabError
 from dtrain_lab.perfmodel import zero_comm_volume, zero_memory
 from conftest import job_metrics
+from forkjob import fork_launch
 
 WORLD_SIZES = [2, 3]
 STEPS = 3
@@ -35,10 +36,8 @@ LR = 1e-2
 
 @pytest.fixture(scope="module")
 def results():
-    import dtrain_lab
-
-    return {n: dtrain_lab.launch("dtrain_lab.demos.zero_run", nproc=n, args=[STEPS], timeout=240, quiet=True,
-                                 env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+    return {n: fork_launch("dtrain_lab.demos.zero_run", nproc=n, args=[STEPS], timeout=240, quiet=True,
+                           env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
             for n in WORLD_SIZES}
 
 

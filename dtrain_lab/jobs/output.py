@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dtrain_lab.i18n import tr
 from dtrain_lab.jobs.result import RankResult
+from dtrain_lab.jobs.runtime import in_notebook
 
 MAX_LINE_CHARS = 4000
 
@@ -47,7 +48,7 @@ class Display:
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
-        self.notebook = "ipykernel" in sys.modules and not quiet
+        self.notebook = in_notebook() and not quiet
         self.recent: list[str] = []
         self.handle = None
         self.last_update = 0.0

@@ -129,8 +129,14 @@ def under_torchrun() -> bool:
 
 
 def in_notebook() -> bool:
-    """True inside an IPython kernel (JupyterLab), where os._exit would kill the learner's kernel."""
-    return "ipykernel" in sys.modules
+    """True inside a running IPython kernel (JupyterLab), where os._exit would kill the learner's kernel.
+    A process that only imported ipykernel (a test runner with nbval loaded, or a process forked from
+    one) is not a kernel: there ``get_ipython()`` is None."""
+    if "ipykernel" not in sys.modules:
+        return False
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def gpu_count() -> int:

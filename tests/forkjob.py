@@ -1,0 +1,196 @@
+"""Forked ranks for the library's correctness tests.
+
+:func:`fork_launch` runs the same rank program that ``dtrain_lab.launch`` runs under torchrun (a
+module of ``dtrain_lab.demos`` or a ``tests/workers`` file, as ``__main__`` with its arguments), on
+``nproc`` real processes joined by gloo, and returns the launcher's own :class:`LaunchResult`, built
+by the launcher's own readers (``runtime.report`` files, recorded exceptions). The difference is how
+the ranks start: ``fork()`` from the test process, which has already imported torch, instead of a
+torchrun agent that imports torch and starts one fresh interpreter per rank.
+
+Why: on this course's 2-core CI machine a rank's start-up is most of a small job. Process accounting
+of a whole ``make test`` (2,056 s of CPU) counted 158 torchrun agents at about 1.7 s of CPU each and
+347 ranks at 2.4 s on average, of which about 1.2 s is ``import torch`` and about 1 s the
+``torch._dynamo`` import that the first ``torch.optim`` optimizer triggers. A forked rank pays
+neither. The launcher itself (torchrun, time limits, stacks of a hung job, Ctrl-C, no survivors,
+restarts, several nodes) is tested with real torchrun jobs in ``test_launch``, ``test_elastic``,
+``test_multinode`` and ``test_monitor``, and every lesson notebook launches through it.
+
+What a forked rank gets, as from torchrun: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_RESTART_COUNT``, ``OMP_NUM_THREADS=1`` (and
+one intra-op thread: the parent's OpenMP pool was sized before the variable existed), and a store
+hosted by the parent as torchrun's agent hosts it (``TORCHELASTIC_USE_AGENT_STORE``), so
+``init_process_group`` runs exactly as in a torchrun worker. Like torchrun, the first rank that
+fails ends the job: the others are stopped. On the time-out every rank writes its Python stack
+(``faulthandler``) into its output before it is killed; the result is ``hung``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import faulthandler
+import os
+import runpy
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch._dynamo  # noqa: F401 - imported once here, not in every rank (the first optimizer imports it)
+import torch.distributed as dist
+
+from dtrain_lab.jobs.outcome import attach_exceptions, first_failure, read_errors
+from dtrain_lab.jobs.result import LaunchResult, RankResult, load_reports
+
+MAX_OUTPUT_CHARS = 200_000
+
+
+def fork_launch(target: str, nproc: int, args: Sequence[Any] = (), timeout: float = 120.0,
+                env: Mapping[str, Any] | None = None, quiet: bool = True, startup_timeout: float = 60.0) -> LaunchResult:
+    """Run ``target`` on ``nproc`` forked ranks; see the module docstring. The arguments are
+    ``dtrain_lab.launch``'s; nothing is shown live, and the job is hung after ``startup_timeout +
+    timeout`` seconds."""
+    if dist.is_available() and dist.is_initialized():
+        raise RuntimeError("fork_launch: this process has a process group of its own; destroy it first")
+    job_dir = Path(tempfile.mkdtemp(prefix="dtrain_fork_"))
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    t0 = time.monotonic()
+    pids, writers = [], []
+    for rank in range(nproc):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the rank: never returns
+            os.close(w)
+            for other in writers:
+                os.close(other)
+            _rank_main(rank, nproc, r, job_dir, str(target), [str(a) for a in args], dict(env or {}),
+                       startup_timeout + timeout)
+        os.close(r)
+        pids.append(pid)
+        writers.append(w)
+    # the agent's store, created after the fork (the ranks must not inherit its server thread)
+    store = dist.TCPStore("127.0.0.1", 0, nproc + 1, is_master=True, wait_for_workers=False,
+                          timeout=_dt.timedelta(seconds=startup_timeout + timeout))
+    for w in writers:
+        os.write(w, str(store.port).encode())
+        os.close(w)
+    codes, hung = _wait(pids, t0 + startup_timeout + timeout)
+    del store
+    return _result(str(target), nproc, job_dir, codes, hung, time.monotonic() - t0, timeout)
+
+
+def _rank_main(rank: int, nproc: int, port_pipe: int, job_dir: Path, target: str, args: list[str],
+               env: dict, timeout: float) -> None:
+    code = 1
+    try:
+        os.setsid()  # its own session: the parent stops it, and anything it started, with killpg
+        log = os.open(job_dir / f"output.{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        sys.stdin = open(os.devnull)
+        port = b""
+        while chunk := os.read(port_pipe, 16):
+            port += chunk
+        os.close(port_pipe)
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+        os.environ.update({
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port.decode(), "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "OMP_NUM_THREADS": "1",
+            "DTRAIN_JOB_DIR": str(job_dir), "PYTHONUNBUFFERED": "1",
+        })
+        torch.set_num_threads(1)
+        from dtrain_lab import i18n
+        from dtrain_lab.jobs import runtime
+
+        i18n.set_lang(os.environ.get("DTRAIN_LANG") or i18n.get_lang())  # chosen at import, in the parent
+
+        runtime._current = None  # the parent's world of one, if a test made one
+        faulthandler.dump_traceback_later(max(1.0, timeout - 2.0), exit=False, file=sys.stderr)
+        sys.argv = [target] + args
+        if target.endswith(".py"):
+            runpy.run_path(target, run_name="__main__")
+        else:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - a rank's failure goes into its output, then it exits 1
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def _stop(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _wait(pids: list[int], deadline: float) -> tuple[dict[int, int], bool]:
+    """Exit codes by rank. The first failure stops the others (SIGTERM, then SIGKILL after 5 s), as
+    torchrun does; past ``deadline`` every rank is killed and the job is hung."""
+    codes: dict[int, int] = {}
+    stop_at = None
+    hung = False
+    while len(codes) < len(pids):
+        for rank, pid in enumerate(pids):
+            if rank in codes:
+                continue
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[rank] = os.waitstatus_to_exitcode(status)
+                if codes[rank] != 0 and stop_at is None:
+                    _stop([p for r, p in enumerate(pids) if r not in codes], signal.SIGTERM)
+                    stop_at = time.monotonic() + 5.0
+        now = time.monotonic()
+        if len(codes) < len(pids) and (now > deadline or (stop_at is not None and now > stop_at)):
+            hung = hung or stop_at is None
+            _stop([p for r, p in enumerate(pids) if r not in codes], signal.SIGKILL)
+            for rank, pid in enumerate(pids):
+                if rank not in codes:
+                    codes[rank] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        time.sleep(0.02)
+    _stop(pids, signal.SIGKILL)  # anything a rank left behind in its session
+    return codes, hung
+
+
+def _result(target: str, nproc: int, job_dir: Path, codes: dict[int, int], hung: bool, elapsed: float,
+            timeout: float) -> LaunchResult:
+    ranks = {}
+    for rank in range(nproc):
+        try:
+            text = (job_dir / f"output.{rank}").read_text(errors="replace")
+        except OSError:
+            text = ""
+        rr = RankResult(rank=rank, stdout=text[-MAX_OUTPUT_CHARS:], stderr=text[-MAX_OUTPUT_CHARS:],
+                        output=text[-MAX_OUTPUT_CHARS:], truncated=len(text) > MAX_OUTPUT_CHARS)
+        load_reports(rr, job_dir)
+        ranks[rank] = rr
+    errors = read_errors(job_dir)
+    aborted = attach_exceptions(ranks, errors)
+    ok = not hung and all(c == 0 for c in codes.values())
+    failed = exception = None
+    returncode = 0 if ok else next((c for r, c in sorted(codes.items()) if c != 0), None)
+    if not ok and not hung:
+        failed, exception = first_failure(ranks, errors, aborted, "")
+        if exception is None and failed is not None and codes.get(failed, 0) < 0:
+            exception = f"killed by {signal.Signals(-codes[failed]).name}"
+    return LaunchResult(target=target, nproc=nproc, ok=ok, returncode=returncode, hung=hung, elapsed=elapsed,
+                        phase="run" if hung else None, first_failure=failed, exception=exception,
+                        ranks=[ranks[r] for r in range(nproc)], log_dir=str(job_dir),
+                        command=["fork", target], limit=timeout)
