@@ -104,7 +104,8 @@ def test_table_renders_every_row(lang):
     variant = {"ratio": 1.8, "peak": 54e6, "peak_op": "aten.split.Tensor", "predicted": pred,
                "peak_parts": {"params": 12e6, "grads": 0, "optimizer": 12e6, "other": 30e6}}
     rows = [
-        {"name": "launch_overhead", "ratio": 1.05, "dtrain_launch_s": 4.2, "bare_torchrun_s": 4.0, "repeats": 5},
+        {"name": "launch_overhead", "ratio": 1.05, "dtrain_launch_s": 4.2, "bare_torchrun_s": 4.0, "repeats": 5,
+         "exec_ratio": 1.1, "cpu_s": {"bare": 5.0, "fork": 2.5, "exec": 5.2}, "cpu_ratio": 0.5, "exec_cpu_ratio": 1.04},
         {"name": "ring_vs_all_reduce", "nproc": 2, "backend": "gloo", "repeats": 7, "per_size": [
             {"bytes": 4096, "ratio": 1.2, "ring_s": 1.2e-4, "all_reduce_s": 1e-4, "ring_min_s": 1e-4,
              "all_reduce_min_s": 9e-5, "ratio_of_min": 1.11}]},

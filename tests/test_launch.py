@@ -1,5 +1,7 @@
 """The launcher: success, crash, hangs (run and start-up), interrupt, kernel death, concurrency,
-hostile programs; and no process of a job survives any of them."""
+hostile programs; and no process of a job survives any of them. Crash, hang and the hostile programs
+run with both ways torchrun can start the ranks: forked from its agent (the default without a CUDA
+GPU) and a fresh Python each (the default with GPUs)."""
 import os
 import signal
 import subprocess
@@ -16,9 +18,14 @@ from dtrain_lab.i18n import LabError
 HOSTILE = str(WORKERS / "hostile.py")
 
 
+STARTS = ["fork", "exec"]
+
+
 @pytest.mark.timeout(120)
-def test_crash_of_one_rank_is_reported(run):
-    r = run("dtrain_lab.demos.crash", nproc=2, timeout=60)
+@pytest.mark.parametrize("start", STARTS)
+def test_crash_of_one_rank_is_reported(run, start):
+    r = run("dtrain_lab.demos.crash", nproc=2, timeout=60, start=start)
+    assert ("--start-method" in r.command) == (start == "fork")
     assert not r.ok and not r.hung and r.returncode != 0
     assert r.first_failure == 1
     assert r.exception == "ValueError: bad batch at step 2 on rank 1"
@@ -32,10 +39,11 @@ def test_crash_of_one_rank_is_reported(run):
 
 
 @pytest.mark.timeout(120)
-def test_hang_is_reported_with_every_ranks_wait_site(run):
+@pytest.mark.parametrize("start", STARTS)
+def test_hang_is_reported_with_every_ranks_wait_site(run, start):
     timeout = 4.0
     t0 = time.monotonic()
-    r = run("dtrain_lab.demos.hang", nproc=2, timeout=timeout)
+    r = run("dtrain_lab.demos.hang", nproc=2, timeout=timeout, start=start)
     wall = time.monotonic() - t0
     assert r.hung and not r.ok and r.phase == "run"
     assert r.startup is not None and wall <= r.startup + timeout + 15
@@ -69,21 +77,24 @@ def test_startup_hang_has_its_own_limit(run):
 
 
 @pytest.mark.timeout(120)
-def test_orphans_flood_os_exit_and_args(run):
-    daemon = run(HOSTILE, nproc=2, args=["fork_daemon"], timeout=60)
+@pytest.mark.parametrize("start", STARTS)
+def test_orphans_flood_os_exit_and_args(run, start):
+    daemon = run(HOSTILE, nproc=2, args=["fork_daemon"], timeout=60, start=start)
     assert daemon.ok, daemon.summary()
     assert daemon.killed >= 2          # the two setsid daemons were found and killed
     assert not processes_with_tag(daemon.tag)
 
-    flood = run(HOSTILE, nproc=2, args=["flood"], timeout=60, max_output_lines=500)
+    flood = run(HOSTILE, nproc=2, args=["flood"], timeout=60, max_output_lines=500, start=start)
     assert flood.ok and all(x.truncated for x in flood.ranks)
     assert flood.output[0].count("\n") == 500
 
-    gone = run(HOSTILE, nproc=2, args=["os_exit"], timeout=60)
+    gone = run(HOSTILE, nproc=2, args=["os_exit"], timeout=60, start=start)
     assert not gone.ok and gone.first_failure == 1 and gone.exception == "exit code 3"
 
-    args = run(HOSTILE, nproc=2, args=["args", "--lr", 0.5], timeout=60)
+    args = run(HOSTILE, nproc=2, args=["args", "--lr", 0.5], timeout=60, start=start)
     assert args.ok and "args: ['--lr', '0.5']" in args.output[1]
+    # the program ran as `python hostile.py ...` would run it, forked or not
+    assert "main: __main__ hostile.py [] " in args.output[0] and "workers\n" in args.output[0]
 
 
 @pytest.mark.timeout(120)
@@ -156,6 +167,8 @@ def test_bad_arguments_get_bilingual_errors():
         dtrain_lab.launch("dtrain_lab.demos.hello", timeout=-1)
     with pytest.raises(LabError):
         dtrain_lab.launch("dtrain_lab.demos.hello", nnodes=2)
+    with pytest.raises(LabError, match="start"):
+        dtrain_lab.launch("dtrain_lab.demos.hello", start="spawn")
 
 
 def test_read_jsonl_skips_a_line_cut_off_by_a_kill(tmp_path):
@@ -165,3 +178,23 @@ def test_read_jsonl_skips_a_line_cut_off_by_a_kill(tmp_path):
     f.write_text('{"loss": 1.5}\n[1, 2]\nnot json\n{"step": 3, "loss": 0.5}\n{"step": 4, "lo')
     assert read_jsonl(str(f)) == [{"loss": 1.5}, {"step": 3, "loss": 0.5}]
     assert read_jsonl(str(tmp_path / "missing.jsonl")) == []
+
+
+def test_ranks_are_forked_only_without_a_cuda_gpu(monkeypatch, tmp_path):
+    from dtrain_lab.jobs import options, runtime
+
+    monkeypatch.delenv("DTRAIN_START", raising=False)
+    monkeypatch.setattr(runtime, "gpu_count", lambda: 0)
+    cmd = options.LaunchOptions("dtrain_lab.demos.hello", 2).command(tmp_path)
+    assert cmd[cmd.index("--start-method") + 1] == "fork" and "--run-path" in cmd
+    # torchrun's own options first, then our rank file, then the program as `python -m` takes it
+    assert cmd[-3:] == [options.FORKED_RANK, "-m", "dtrain_lab.demos.hello"]
+    monkeypatch.setattr(runtime, "gpu_count", lambda: 2)  # CUDA cannot be used in a forked child
+    cmd = options.LaunchOptions("dtrain_lab.demos.hello", 2).command(tmp_path)
+    assert "--start-method" not in cmd and "--run-path" not in cmd and cmd[-2:] == ["-m", "dtrain_lab.demos.hello"]
+    monkeypatch.setenv("DTRAIN_START", "fork")
+    assert options.LaunchOptions("dtrain_lab.demos.hello", 2).start == "fork"
+    monkeypatch.setenv("DTRAIN_START", "exec")
+    monkeypatch.setattr(runtime, "gpu_count", lambda: 0)
+    assert options.LaunchOptions("dtrain_lab.demos.hello", 2).start == "exec"
+    assert options.LaunchOptions("dtrain_lab.demos.hello", 2, start="fork").start == "fork"

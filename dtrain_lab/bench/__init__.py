@@ -10,8 +10,8 @@ and the fastest block; what drifts on a shared machine then hits every variant a
 
 Rows (``--only`` names in brackets):
 
-* ``launch_overhead`` [launch] — :mod:`~dtrain_lab.bench.rows`: wall time of ``dtrain_lab.launch`` /
-  a bare ``torchrun`` of the same script, alternating.
+* ``launch_overhead`` [launch] — :mod:`~dtrain_lab.bench.rows`: wall and CPU time of ``dtrain_lab.launch``
+  (ranks forked from the agent, and fresh Pythons) / a bare ``torchrun`` of the same script, alternating.
 * ``ring_vs_all_reduce``, ``busbw`` [collectives] — :mod:`~dtrain_lab.bench.collectives`: our
   send/recv ring all-reduce against gloo's, per size (paired blocks); gloo's bus bandwidth.
 * ``ddp_step_time`` [ddp] — ``dtrain_lab.demos.ddp_step_time``: our DDP / PyTorch's, same run;

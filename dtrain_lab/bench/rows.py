@@ -3,6 +3,7 @@ compression, pipeline bubble and activations (moved here unchanged from the flat
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -14,31 +15,44 @@ from dtrain_lab.jobs.launch import PACKAGE_PARENT, launch
 SCRIPT = Path(__file__).resolve().parent.parent / "demos" / "hello.py"
 
 
-def _bare_torchrun(nproc: int) -> float:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the agent, and the ranks it waited for
+    return usage.ru_utime + usage.ru_stime
+
+
+def _bare_torchrun(nproc: int) -> tuple[float, float]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_PARENT, env.get("PYTHONPATH", "")])
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _children_cpu()
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                     str(SCRIPT)], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=300)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _children_cpu() - c0
 
 
-def _ours(nproc: int) -> float:
-    t0 = time.perf_counter()
-    r = launch(str(SCRIPT), nproc=nproc, timeout=120, quiet=True)
+def _ours(nproc: int, start: str | None) -> tuple[float, float]:
+    t0, c0 = time.perf_counter(), _children_cpu()
+    r = launch(str(SCRIPT), nproc=nproc, timeout=120, quiet=True, start=start)
     if not r.ok:
         raise RuntimeError(r.summary())
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, _children_cpu() - c0
 
 
 def launch_overhead(repeats: int, nproc: int = 2) -> dict:
-    bare, ours = [], []
-    for _ in range(repeats):  # alternate, so that drifting machine load hits both alike
-        bare.append(_bare_torchrun(nproc))
-        ours.append(_ours(nproc))
-    b, o = statistics.median(bare), statistics.median(ours)
-    return {"name": "launch_overhead", "bare_torchrun_s": b, "dtrain_launch_s": o, "ratio": o / b,
+    """Wall and CPU seconds (the job's processes: agent and ranks) of ``dtrain_lab.launch`` of
+    ``demos/hello.py`` against a bare ``torchrun`` of it, in alternating runs: with the ranks forked
+    from the agent (``start="fork"``, the default without a CUDA GPU) and started as fresh Pythons
+    (``"exec"``, torchrun's default)."""
+    runs: dict[str, list[tuple[float, float]]] = {"bare": [], "fork": [], "exec": []}
+    for _ in range(repeats):  # alternate, so that drifting machine load hits every variant alike
+        runs["bare"].append(_bare_torchrun(nproc))
+        runs["fork"].append(_ours(nproc, "fork"))
+        runs["exec"].append(_ours(nproc, "exec"))
+    wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
+    return {"name": "launch_overhead", "bare_torchrun_s": wall["bare"], "dtrain_launch_s": wall["fork"],
+            "ratio": wall["fork"] / wall["bare"], "exec_launch_s": wall["exec"], "exec_ratio": wall["exec"] / wall["bare"],
+            "cpu_s": cpu, "cpu_ratio": cpu["fork"] / cpu["bare"], "exec_cpu_ratio": cpu["exec"] / cpu["bare"],
             "repeats": repeats, "nproc": nproc}
 
 

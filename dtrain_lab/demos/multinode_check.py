@@ -38,6 +38,35 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def _runs_torchrun(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return False
+    return b"torch.distributed.run" in cmd or b"torchrun" in cmd
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def agent_pid() -> int:
+    """The PID of the torchrun agent that started this worker: the oldest of this process's
+    ancestors in a row that run torchrun. With torchrun's default start that is the parent; when
+    torchrun forks its workers (``--start-method fork``, what ``dtrain_lab.launch`` does on a CPU
+    machine) the forked processes keep the agent's command line, and the agent is further up.
+    Linux (``/proc``); elsewhere the parent."""
+    pid = os.getppid()
+    try:
+        while _runs_torchrun(_parent(pid)):
+            pid = _parent(pid)
+    except (OSError, ValueError, IndexError):
+        return os.getppid()
+    return pid
+
+
 def main() -> None:
     rt = runtime.current()
     env = {k: os.environ.get(k) for k in ENV_VARS}
@@ -46,9 +75,8 @@ def main() -> None:
     x = torch.tensor([float(rt.rank + 1)], device=rt.device)
     dist.all_reduce(x)
 
-    # 2. who is where: every rank's (host, group rank, local rank, pid, agent pid), gathered everywhere;
-    #    the parent of a worker is its node's torchrun agent
-    me = (socket.gethostname(), int(env["GROUP_RANK"] or -1), rt.local_rank, os.getpid(), os.getppid())
+    # 2. who is where: every rank's (host, group rank, local rank, pid, agent pid), gathered everywhere
+    me = (socket.gethostname(), int(env["GROUP_RANK"] or -1), rt.local_rank, os.getpid(), agent_pid())
     everyone: list = [None] * rt.world_size
     dist.all_gather_object(everyone, me)
 

@@ -95,12 +95,21 @@ class WaitSite:
         return f"{self.call} ({self.where})"
 
 
+def program_frames(frames: list[Frame]) -> list[Frame]:
+    """``frames`` (innermost first) without those of torchrun's agent that a forked rank's stack also
+    shows below the program (``--start-method fork``: see :mod:`dtrain_lab.jobs._forked_rank`)."""
+    for i, f in enumerate(frames):
+        if f.file.replace("\\", "/").endswith("dtrain_lab/jobs/_forked_rank.py"):
+            return frames[:i] or frames
+    return frames
+
+
 def wait_site(stack_text: str) -> WaitSite | None:
     threads = parse_faulthandler(stack_text)
     t = main_thread(threads)
     if t is None or not t.frames:
         return None
-    frames = t.frames
+    frames = program_frames(t.frames)
     call = None
     for f in frames:  # innermost torch.distributed function = the collective being waited on
         if any(m in f.file for m in _DIST_MARKERS) and f.func not in ("wrapper", "_fn", "inner"):
@@ -123,7 +132,7 @@ def format_stack(stack_text: str, limit: int = 12) -> str:
     t = main_thread(parse_faulthandler(stack_text))
     if t is None:
         return ""
-    frames = list(reversed(t.frames))[-limit:]
+    frames = list(reversed(program_frames(t.frames)))[-limit:]
     return "\n".join(f"    {f.short}" for f in frames)
 
 

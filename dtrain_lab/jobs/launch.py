@@ -9,6 +9,9 @@ What happens, in order:
 1. ``python -m torch.distributed.run --standalone`` starts in a new process session. ``--standalone``
    lets torchrun's c10d rendezvous bind a free port itself, so two launches never collide and no
    ``MASTER_PORT`` is hard-coded. (Multi-node: ``nnodes``, ``node_rank`` and ``rdzv_endpoint``.)
+   Without a CUDA GPU, ``--run-path --start-method fork``: torchrun forks the ranks from its agent,
+   which has imported torch already, and :mod:`dtrain_lab.jobs._forked_rank` runs the program in
+   each as ``python -m`` would (``start=``, :func:`~dtrain_lab.jobs.options.default_start`).
 2. Every rank's stdout/stderr goes to its own log file (``--redirects 3``); the launcher tails them
    and shows the lines live with a ``[rankN]`` prefix. In a notebook the live view is replaced at the
    end by the output grouped rank by rank, which does not depend on how the ranks interleaved.
@@ -56,12 +59,15 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
            backend: str | None = None, debug: str | None = None, quiet: bool = False,
            nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
            max_restarts: int = 0, max_live_lines: int = 400, max_output_lines: int = 20000,
-           torchrun_args: Iterable[str] = ()) -> LaunchResult:
+           torchrun_args: Iterable[str] = (), start: str | None = None) -> LaunchResult:
     """Run ``target`` (a module name or a ``.py`` path) on ``nproc`` processes with torchrun.
 
     ``timeout`` limits the run after start-up, ``startup_timeout`` the start-up (see the module
     docstring). ``env`` adds environment variables for the ranks; ``backend`` sets ``DTRAIN_BACKEND``;
-    ``debug`` sets ``TORCH_DISTRIBUTED_DEBUG``. ``quiet`` shows nothing live. Never raises for what
+    ``debug`` sets ``TORCH_DISTRIBUTED_DEBUG``. ``quiet`` shows nothing live. ``start`` is how torchrun
+    starts the ranks: ``"fork"`` (from its agent, without a second ``import torch``) or ``"exec"`` (a
+    fresh Python each); the default is ``"fork"`` without a CUDA GPU
+    (:func:`~dtrain_lab.jobs.options.default_start`). Never raises for what
     the job does (crash, hang): that is in the returned :class:`LaunchResult`. Raises
     :class:`~dtrain_lab.i18n.LabError` for bad arguments, and re-raises ``KeyboardInterrupt`` after
     killing the job.
@@ -69,7 +75,7 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
     opts = LaunchOptions(target, nproc, args, timeout, env, startup_timeout=startup_timeout, backend=backend,
                          debug=debug, quiet=quiet, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                          rdzv_id=rdzv_id, max_restarts=max_restarts, max_live_lines=max_live_lines,
-                         max_output_lines=max_output_lines, torchrun_args=list(torchrun_args))
+                         max_output_lines=max_output_lines, torchrun_args=list(torchrun_args), start=start)
     job_id = uuid.uuid4().hex[:12]
     job_dir = job_root() / job_id
     job_dir.mkdir()

@@ -16,6 +16,8 @@ from dtrain_lab.i18n import LabError, get_lang
 from dtrain_lab.jobs import _procs
 
 INJECT_DIR = str(Path(__file__).resolve().parent / "_inject")
+FORKED_RANK = str(Path(__file__).resolve().parent / "_forked_rank.py")
+STARTS = ("fork", "exec")
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
@@ -30,6 +32,24 @@ def default_nproc() -> int:
     except Exception:  # noqa: BLE001
         gpus = 0
     return gpus if gpus >= 2 else 2
+
+
+def default_start() -> str:
+    """How torchrun starts the ranks: ``"fork"`` (forked from its agent, which has imported torch
+    already: see :mod:`dtrain_lab.jobs._forked_rank`) on a machine without a CUDA GPU, else
+    ``"exec"``, torchrun's default of one fresh Python per rank (CUDA cannot be used in a process
+    forked from one that initialised it, and this course never tested that path on GPUs).
+    ``DTRAIN_START=fork|exec`` overrides."""
+    chosen = os.environ.get("DTRAIN_START", "").strip().lower()
+    if chosen:
+        return chosen
+    try:
+        from dtrain_lab.jobs.runtime import gpu_count
+
+        gpus = gpu_count()
+    except Exception:  # noqa: BLE001
+        gpus = 0
+    return "exec" if gpus > 0 else "fork"
 
 
 def _check_seconds(name: str, value: Any) -> float:
@@ -99,6 +119,7 @@ class LaunchOptions:
     max_live_lines: int = 400
     max_output_lines: int = 20000
     torchrun_args: Sequence[str] = ()
+    start: str | None = None
     target_args: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self):
@@ -112,6 +133,9 @@ class LaunchOptions:
             raise LabError("nnodes_args")
         self.torchrun_args = [str(a) for a in self.torchrun_args]
         self.target_args = _target_args(self.target)
+        self.start = default_start() if self.start is None else self.start
+        if self.start not in STARTS:
+            raise LabError("bad_start", value=self.start, choices=", ".join(STARTS))
 
     @property
     def world_size(self) -> int:
@@ -133,7 +157,10 @@ class LaunchOptions:
                     "--rdzv-endpoint", str(self.rdzv_endpoint), "--rdzv-id", self.rdzv_id or "dtrain"]
         else:
             cmd += ["--standalone"]
-        return cmd + list(self.torchrun_args) + self.target_args + [str(a) for a in self.args]
+        cmd += list(self.torchrun_args)
+        if self.start == "fork":  # see dtrain_lab/jobs/_forked_rank.py
+            cmd += ["--run-path", "--start-method", "fork", FORKED_RANK]
+        return cmd + self.target_args + [str(a) for a in self.args]
 
     def child_env(self, job_dir: Path, job_id: str) -> dict[str, str]:
         """The ranks' environment: ours, plus ``env``, the stack-dump hook on ``PYTHONPATH``, the job's

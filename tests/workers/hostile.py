@@ -42,5 +42,7 @@ elif mode == "sleep_ignore_term":  # ignores SIGTERM and sleeps: must still be k
     time.sleep(3600)
 elif mode == "args":
     print("args:", sys.argv[2:])
+    leaked = sorted(k for k in globals() if k.startswith("_") and not k.startswith("__"))  # none of ours
+    print("main:", __name__, os.path.basename(sys.argv[0]), leaked, os.path.basename(sys.path[0]))
 dist.destroy_process_group()
 os._exit(0)

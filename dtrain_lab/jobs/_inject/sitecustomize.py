@@ -15,7 +15,10 @@ import os
 import sys
 
 
-def _setup():
+def setup_rank():
+    """Do 1-3 of the module docstring in this process if it is a rank of a launch (once per rank and
+    attempt). Runs at interpreter start; a worker that torchrun forks from its agent (which started
+    as no rank) calls it again (dtrain_lab.jobs._forked_rank)."""
     job_dir = os.environ.get("DTRAIN_JOB_DIR")
     rank = os.environ.get("RANK")
     if not job_dir or rank is None or not os.path.isdir(job_dir):
@@ -42,41 +45,54 @@ def _setup():
             with open(ready_path, "w") as f:
                 f.write(str(pid))
 
-    import importlib.abc
-    import importlib.machinery
-
     target = "torch.distributed.distributed_c10d"
 
-    class _ReadyHook(importlib.abc.MetaPathFinder):
-        """Wrap init_process_group once torch.distributed defines it (before torch.distributed
-        re-exports it), to write the ready marker when it returns."""
+    def wrap(module):
+        original = module.init_process_group
 
-        def find_spec(self, name, path, target_=None):
-            if name != target:
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-            if spec is None or spec.loader is None:
+        def init_process_group(*args, **kwargs):
+            result = original(*args, **kwargs)
+            mark_ready()
+            return result
+
+        init_process_group.__wrapped__ = original
+        init_process_group.__doc__ = original.__doc__
+        module.init_process_group = init_process_group
+        return original, init_process_group
+
+    c10d = sys.modules.get(target)
+    if c10d is not None:
+        # a worker forked from torchrun's agent (dtrain_lab.jobs._forked_rank): torch.distributed is
+        # already imported, and re-exports init_process_group under its own name too
+        original, wrapped = wrap(c10d)
+        package = sys.modules.get("torch.distributed")
+        if package is not None and getattr(package, "init_process_group", None) is original:
+            package.init_process_group = wrapped
+    else:
+        import importlib.abc
+        import importlib.machinery
+
+        class _ReadyHook(importlib.abc.MetaPathFinder):
+            """Wrap init_process_group once torch.distributed defines it (before torch.distributed
+            re-exports it), to write the ready marker when it returns."""
+
+            def find_spec(self, name, path, target_=None):
+                if name != target:
+                    return None
+                sys.meta_path.remove(self)
+                spec = importlib.machinery.PathFinder.find_spec(name, path)
+                if spec is None or spec.loader is None:
+                    return spec
+                exec_module = spec.loader.exec_module
+
+                def exec_and_wrap(module):
+                    exec_module(module)
+                    wrap(module)
+
+                spec.loader.exec_module = exec_and_wrap
                 return spec
-            exec_module = spec.loader.exec_module
 
-            def exec_and_wrap(module):
-                exec_module(module)
-                original = module.init_process_group
-
-                def init_process_group(*args, **kwargs):
-                    result = original(*args, **kwargs)
-                    mark_ready()
-                    return result
-
-                init_process_group.__wrapped__ = original
-                init_process_group.__doc__ = original.__doc__
-                module.init_process_group = init_process_group
-
-            spec.loader.exec_module = exec_and_wrap
-            return spec
-
-    sys.meta_path.insert(0, _ReadyHook())
+        sys.meta_path.insert(0, _ReadyHook())
 
     previous_hook = sys.excepthook
     error_path = os.path.join(job_dir, "error.%s.%s.json" % (rank, attempt))
@@ -114,7 +130,7 @@ def _chain():
 
 
 try:
-    _setup()
+    setup_rank()
 except Exception as exc:  # never break the learner's program because of a diagnosis aid
     sys.stderr.write("dtrain_lab: stack dumps disabled (%s)\n" % exc)
 try:
