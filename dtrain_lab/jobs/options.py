@@ -36,13 +36,15 @@ def default_nproc() -> int:
 
 def default_start() -> str:
     """How torchrun starts the ranks: ``"fork"`` (forked from its agent, which has imported torch
-    already: see :mod:`dtrain_lab.jobs._forked_rank`) on a machine without a CUDA GPU, else
-    ``"exec"``, torchrun's default of one fresh Python per rank (CUDA cannot be used in a process
-    forked from one that initialised it, and this course never tested that path on GPUs).
-    ``DTRAIN_START=fork|exec`` overrides."""
+    already: see :mod:`dtrain_lab.jobs._forked_rank`) on Linux without a CUDA GPU, else ``"exec"``,
+    torchrun's default of one fresh Python per rank (CUDA cannot be used in a process forked from
+    one that initialised it, this course never tested that path on GPUs, and macOS does not make
+    forking a process with threads safe). ``DTRAIN_START=fork|exec`` overrides."""
     chosen = os.environ.get("DTRAIN_START", "").strip().lower()
     if chosen:
         return chosen
+    if not sys.platform.startswith("linux"):
+        return "exec"
     try:
         from dtrain_lab.jobs.runtime import gpu_count
 

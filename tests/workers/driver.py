@@ -13,7 +13,9 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 
 tag = sys.argv[1]
 try:
-    dtrain_lab.launch(sys.argv[2], nproc=2, args=["sleep_ignore_term"], timeout=300, env={"DTRAIN_TEST_TAG": tag})
+    # torchrun's grace between SIGTERM and SIGKILL for workers that ignore SIGTERM: 5 s, not 30
+    dtrain_lab.launch(sys.argv[2], nproc=2, args=["sleep_ignore_term"], timeout=300, env={"DTRAIN_TEST_TAG": tag},
+                      torchrun_args=["--shutdown-timeout", "5"])
 except KeyboardInterrupt:
     print("DRIVER-INTERRUPTED", flush=True)
     sys.exit(130)
