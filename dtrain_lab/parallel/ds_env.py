@@ -30,10 +30,24 @@ __all__ = ["extensions_dir", "cuda_available", "import_deepspeed", "has_compiler
 _REPO = Path(__file__).resolve().parents[2]
 
 
+def _same_ninja() -> None:
+    """Build with the ``ninja`` installed beside this Python (pip's, a DeepSpeed dependency) whatever
+    ``PATH`` says. ninja records a hash of each build command in the cache's ``.ninja_log``, and
+    versions hash differently: a process that found the system's ninja 1.11 first and one that found
+    pip's 1.13 rebuilt the op (g++, about a minute) every time they alternated (seen on this course's CI
+    machine, where ``make`` puts the environment's ``bin`` first and a bare ``python`` does not)."""
+    here = os.path.dirname(sys.executable)
+    if os.path.isfile(os.path.join(here, "ninja")):
+        path = os.environ.get("PATH", "")
+        if path.split(os.pathsep)[:1] != [here]:
+            os.environ["PATH"] = os.pathsep.join([here, path]) if path else here
+
+
 def extensions_dir() -> str:
     """Where compiled ops are cached: ``$TORCH_EXTENSIONS_DIR`` if set, else ``<checkout>/.torch_extensions``
     (inside a source checkout; elsewhere torch's default ``~/.cache/torch_extensions``). Sets the
     variable, so that every rank launched from here uses the same cache."""
+    _same_ninja()
     current = os.environ.get("TORCH_EXTENSIONS_DIR")
     if current:
         return current
