@@ -19,7 +19,9 @@ What a forked rank gets, as from torchrun: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZ
 ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_RESTART_COUNT``, ``OMP_NUM_THREADS=1`` (and
 one intra-op thread: the parent's OpenMP pool was sized before the variable existed), and a store
 hosted by the parent as torchrun's agent hosts it (``TORCHELASTIC_USE_AGENT_STORE``), so
-``init_process_group`` runs exactly as in a torchrun worker. Like torchrun, the first rank that
+``init_process_group`` runs exactly as in a torchrun worker. The program then runs through the
+launcher's own forked-rank runner (``dtrain_lab/jobs/_forked_rank.py``), as in a launch on a CPU
+machine. Like torchrun, the first rank that
 fails ends the job: the others are stopped. On the time-out every rank writes its Python stack
 (``faulthandler``) into its output before it is killed; the result is ``hung``.
 """
@@ -28,7 +30,6 @@ from __future__ import annotations
 import datetime as _dt
 import faulthandler
 import os
-import runpy
 import signal
 import sys
 import tempfile
@@ -84,7 +85,9 @@ def fork_launch(target: str, nproc: int, args: Sequence[Any] = (), timeout: floa
 
 def _rank_main(rank: int, nproc: int, port_pipe: int, job_dir: Path, target: str, args: list[str],
                env: dict, timeout: float) -> None:
-    code = 1
+    """The rank, in the forked child: torchrun's environment, then the launcher's own forked-rank
+    runner (``dtrain_lab.jobs._forked_rank``: a fresh ``__main__``, default signal handlers, no
+    inherited file descriptors, the exit code or signal of the program). Never returns."""
     try:
         os.setsid()  # its own session: the parent stops it, and anything it started, with killpg
         log = os.open(job_dir / f"output.{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -106,31 +109,18 @@ def _rank_main(rank: int, nproc: int, port_pipe: int, job_dir: Path, target: str
             "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "OMP_NUM_THREADS": "1",
             "DTRAIN_JOB_DIR": str(job_dir), "PYTHONUNBUFFERED": "1",
         })
-        torch.set_num_threads(1)
         from dtrain_lab import i18n
-        from dtrain_lab.jobs import runtime
+        from dtrain_lab.jobs import _forked_rank, runtime
 
         i18n.set_lang(os.environ.get("DTRAIN_LANG") or i18n.get_lang())  # chosen at import, in the parent
-
         runtime._current = None  # the parent's world of one, if a test made one
         faulthandler.dump_traceback_later(max(1.0, timeout - 2.0), exit=False, file=sys.stderr)
-        sys.argv = [target] + args
-        if target.endswith(".py"):
-            runpy.run_path(target, run_name="__main__")
-        else:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - a rank's failure goes into its output, then it exits 1
+        argv = [target] + args if target.endswith(".py") else ["-m", target] + args
+    except BaseException:  # noqa: BLE001 - the harness itself failed: say so in the rank's output
         traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
-        os._exit(code)
+        sys.stderr.flush()
+        os._exit(1)
+    _forked_rank._run_rank(argv, os.getppid())
 
 
 def _stop(pids: list[int], sig: int) -> None:
