@@ -98,6 +98,15 @@ def test_orphans_flood_os_exit_and_args(run, start):
 
 
 @pytest.mark.timeout(120)
+def test_a_forked_rank_ends_as_the_interpreter_would(run):
+    # non-daemon threads are waited for, then atexit handlers run, then the exit code is torchrun's
+    r = run(HOSTILE, nproc=2, args=["ends_with_a_thread"], timeout=60, start="fork")
+    assert r.ok, r.summary()
+    for out in r.output.values():
+        assert out.index("thread finished") < out.index("atexit ran")
+
+
+@pytest.mark.timeout(120)
 def test_concurrent_launches_do_not_collide(run):
     results = {}
 

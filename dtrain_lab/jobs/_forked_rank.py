@@ -118,8 +118,13 @@ def _run_rank(argv: list, parent: int) -> None:
     except BaseException:  # noqa: BLE001 - printed (and recorded) by sys.excepthook, as at top level
         sys.excepthook(*sys.exc_info())
         code = 1
-    try:
+    try:  # the interpreter's own exit, in its order: wait for non-daemon threads, then atexit
+        threading = sys.modules.get("threading")
+        if threading is not None and hasattr(threading, "_shutdown"):
+            threading._shutdown()  # as multiprocessing's forked children do too
         atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
     finally:
         _flush()
         os._exit(code & 0xFF)

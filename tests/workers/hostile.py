@@ -32,6 +32,14 @@ elif mode == "flood":             # megabytes of output
     line = "x" * 1000
     for i in range(6000):
         print(i, line)
+elif mode == "ends_with_a_thread":  # the program returns while a non-daemon thread still works
+    import atexit
+    import threading
+
+    dist.destroy_process_group()
+    atexit.register(lambda: print("atexit ran", flush=True))
+    threading.Thread(target=lambda: (time.sleep(0.5), print("thread finished", flush=True))).start()
+    sys.exit(0)
 elif mode == "os_exit":           # rank 1 disappears without a traceback
     if rank == 1:
         os._exit(3)
