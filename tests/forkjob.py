@@ -42,6 +42,8 @@ import torch
 import torch._dynamo  # noqa: F401 - imported once here, not in every rank (the first optimizer imports it)
 import torch.distributed as dist
 
+from dtrain_lab import i18n
+from dtrain_lab.jobs import _forked_rank, runtime
 from dtrain_lab.jobs.outcome import attach_exceptions, first_failure, read_errors
 from dtrain_lab.jobs.result import LaunchResult, RankResult, load_reports
 
@@ -96,7 +98,10 @@ def _rank_main(rank: int, nproc: int, port_pipe: int, job_dir: Path, target: str
         os.close(log)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        sys.stdin = open(os.devnull)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        sys.stdin = open(0, closefd=False)
         port = b""
         while chunk := os.read(port_pipe, 16):
             port += chunk
@@ -109,9 +114,6 @@ def _rank_main(rank: int, nproc: int, port_pipe: int, job_dir: Path, target: str
             "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "OMP_NUM_THREADS": "1",
             "DTRAIN_JOB_DIR": str(job_dir), "PYTHONUNBUFFERED": "1",
         })
-        from dtrain_lab import i18n
-        from dtrain_lab.jobs import _forked_rank, runtime
-
         i18n.set_lang(os.environ.get("DTRAIN_LANG") or i18n.get_lang())  # chosen at import, in the parent
         runtime._current = None  # the parent's world of one, if a test made one
         faulthandler.dump_traceback_later(max(1.0, timeout - 2.0), exit=False, file=sys.stderr)

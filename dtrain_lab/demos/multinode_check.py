@@ -60,8 +60,8 @@ def agent_pid() -> int:
     Linux (``/proc``); elsewhere the parent."""
     pid = os.getppid()
     try:
-        while _runs_torchrun(_parent(pid)):
-            pid = _parent(pid)
+        while _runs_torchrun(parent := _parent(pid)):
+            pid = parent
     except (OSError, ValueError, IndexError):
         return os.getppid()
     return pid

@@ -148,18 +148,17 @@ def main() -> None:
     for sig in _FORWARDED:
         signal.signal(sig, forward)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # stack requests go to the rank itself
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        _flush()
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])  # -N: killed by signal N
+    if code == 0:
+        return
+    _flush()
+    if code < 0:
+        sig = -code
         if sig not in (signal.SIGKILL, signal.SIGSTOP):  # these two cannot be handled anyway
             signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        _flush()
-        os._exit(code)
+    os._exit(code)
 
 
 if __name__ == "__main__":

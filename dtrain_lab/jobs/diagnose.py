@@ -99,7 +99,7 @@ def program_frames(frames: list[Frame]) -> list[Frame]:
     """``frames`` (innermost first) without those of torchrun's agent that a forked rank's stack also
     shows below the program (``--start-method fork``: see :mod:`dtrain_lab.jobs._forked_rank`)."""
     for i, f in enumerate(frames):
-        if f.file.replace("\\", "/").endswith("dtrain_lab/jobs/_forked_rank.py"):
+        if f.file.endswith("dtrain_lab/jobs/_forked_rank.py"):
             return frames[:i] or frames
     return frames
 

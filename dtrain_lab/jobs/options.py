@@ -23,14 +23,19 @@ DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_STARTUP_TIMEOUT_S = 120.0
 
 
-def default_nproc() -> int:
-    """The number of GPUs when there are two or more, else 2 CPU processes."""
+def _gpus() -> int:
+    """CUDA GPUs visible to this process; 0 if they cannot be counted."""
     try:
         from dtrain_lab.jobs.runtime import gpu_count
 
-        gpus = gpu_count()
+        return gpu_count()
     except Exception:  # noqa: BLE001
-        gpus = 0
+        return 0
+
+
+def default_nproc() -> int:
+    """The number of GPUs when there are two or more, else 2 CPU processes."""
+    gpus = _gpus()
     return gpus if gpus >= 2 else 2
 
 
@@ -45,13 +50,7 @@ def default_start() -> str:
         return chosen
     if not sys.platform.startswith("linux"):
         return "exec"
-    try:
-        from dtrain_lab.jobs.runtime import gpu_count
-
-        gpus = gpu_count()
-    except Exception:  # noqa: BLE001
-        gpus = 0
-    return "exec" if gpus > 0 else "fork"
+    return "exec" if _gpus() > 0 else "fork"
 
 
 def _check_seconds(name: str, value: Any) -> float:

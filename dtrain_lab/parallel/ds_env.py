@@ -46,7 +46,8 @@ def _same_ninja() -> None:
 def extensions_dir() -> str:
     """Where compiled ops are cached: ``$TORCH_EXTENSIONS_DIR`` if set, else ``<checkout>/.torch_extensions``
     (inside a source checkout; elsewhere torch's default ``~/.cache/torch_extensions``). Sets the
-    variable, so that every rank launched from here uses the same cache."""
+    variable, and puts this Python's ``ninja`` first on ``PATH`` (:func:`_same_ninja`), so that every rank
+    launched from here uses the same cache and the same build tool."""
     _same_ninja()
     current = os.environ.get("TORCH_EXTENSIONS_DIR")
     if current:
