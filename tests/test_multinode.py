@@ -115,13 +115,21 @@ def test_a_failing_node_stops_the_other_and_leaves_nothing(tmp_path):
     failed = r.nodes[1].result
     assert not failed.ok and not failed.hung, failed.summary()
     assert [rr.rank for rr in r.ranks if "node 1 fails on purpose" in (rr.exception or "")] == r.nodes[1].ranks
-    # node 0 would wait until its own 120 s start-up limit: the runner killed it as soon as node 1 failed
+    # node 0 would wait until its own 120 s start-up limit. Usually the runner kills it as soon as
+    # node 1 has failed; but when node 1's agent hosted the rendezvous store, node 0's agent can lose
+    # the store and end by itself first, and then it must not be reported as stopped by its peer
     node0 = r.nodes[0].result
-    assert r.stopped_by_peer == [0] and r.nodes[0].stopped and not r.nodes[1].stopped
-    assert not node0.ok and node0.returncode == -9 and not node0.hung and node0.elapsed < 100
+    assert not node0.ok and not node0.hung and node0.elapsed < 100, node0.summary()
     assert "node 0 waits for its peer" in node0.ranks[0].output
+    assert not r.nodes[1].stopped
     summary = r.summary("en")
-    assert summary.startswith("✗") and "node 0 was stopped because another node had failed" in summary
+    assert summary.startswith("✗")
+    if r.nodes[0].stopped:
+        assert r.stopped_by_peer == [0] and node0.returncode == -9
+        assert "node 0 was stopped because another node had failed" in summary
+    else:
+        assert r.stopped_by_peer == [] and node0.returncode not in (0, -9)
+        assert "was stopped because another node had failed" not in summary
 
 
 def test_bad_arguments():

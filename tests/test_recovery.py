@@ -275,14 +275,30 @@ def test_heartbeats_and_watchdog(tmp_path):
     assert recovery.stalled(hb, 2, 10.0, now=now) == []
     late = recovery.stalled(hb, 3, 10.0, now=now + 20, since=now - 30)
     assert [(x["rank"], x["step"]) for x in late] == [(0, 5), (1, 9), (2, None)]
+    # what the watchdog reports, on a clock the test controls (a loaded machine cannot starve it)
     seen = []
-    with recovery.Watchdog(hb, 2, stale_after=0.3, interval=0.05, on_stall=seen.append):
-        t_end = time.time() + 1.0
-        while time.time() < t_end:           # rank 0 keeps beating, rank 1 is silent
-            recovery.heartbeat(hb, 6, rank=0)
-            time.sleep(0.05)
+    dog = recovery.Watchdog(hb, 2, stale_after=10.0, on_stall=seen.append)
+    t0 = time.time()
+    recovery.heartbeat(hb, 6, rank=0)
+    assert dog.check(now=t0 + 5) == []                   # both fresh enough
+    with open(hb / "hb.0", "r+") as f:                   # rank 0 keeps beating: its beat is always fresh
+        info = json.load(f)
+        info["time"] = t0 + 1e6
+        f.seek(0), f.truncate(), json.dump(info, f)
+    for dt in (20, 30, 40):                              # rank 1 is silent
+        dog.check(now=t0 + dt)
     assert [(x["rank"], x["step"]) for x in seen] == [(1, 9)]     # named once, with its last step
     assert "rank 1" in seen[0]["message"] and "9" in seen[0]["message"]
+    recovery.heartbeat(hb, 10, rank=1)                    # it moves on, then stalls again: a new stall
+    dog.check(now=time.time() + 20)
+    assert [(x["rank"], x["step"]) for x in seen] == [(1, 9), (1, 10)]
+    # the thread: it checks by itself, every `interval`, and reports through on_stall
+    seen_by_thread = []
+    with recovery.Watchdog(hb, 2, stale_after=0.2, interval=0.05, on_stall=seen_by_thread.append):
+        deadline = time.monotonic() + 60
+        while not seen_by_thread and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [(x["rank"], x["step"]) for x in seen_by_thread] == [(1, 10)]
     with pytest.raises(LabError):
         recovery.Watchdog(hb, 2, stale_after=0)
 

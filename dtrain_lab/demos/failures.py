@@ -99,6 +99,7 @@ def unused_parameters(fix: bool = False):
         opt.step()
         print(tr("demo_step_loss", step=step, loss=loss.item()))
         runtime.report(**{f"body_weight_after_step_{step}": model.module.body.weight[0, :3].tolist()})
+        dist.barrier()    # every rank has reported this step before the next one fails and ends the job
     runtime.report(steps=3)
 
 

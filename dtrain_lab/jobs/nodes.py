@@ -112,17 +112,24 @@ def _marker_processes(marker: str, node: int | None = None) -> list:
     return found
 
 
-def _kill_marker(marker: str, node: int | None = None, rounds: int = 10) -> int:
-    """SIGKILL every process of simulated node ``node`` (all nodes if None) until none is left."""
-    killed = 0
+def _kill_marker(marker: str, node: int | None = None, rounds: int = 10) -> bool:
+    """SIGKILL every process of simulated node ``node`` (all nodes if None) until none is left.
+
+    True if a torchrun agent (a child of this process) was among them: the node was still running
+    and was stopped by this kill. False if only leftovers of an agent that had already ended were
+    found, or nothing.
+    """
+    me = os.getpid()
+    killed_agent = False
     for _ in range(rounds):
         procs = _marker_processes(marker, node)
         if not procs:
             break
         for p in procs:
             try:
+                agent = p.ppid() == me
                 p.kill()
-                killed += 1
+                killed_agent = killed_agent or agent
             except psutil.Error:
                 pass
         # wait without reaping: psutil.wait_procs would waitpid() the torchrun agents, which are
@@ -131,7 +138,7 @@ def _kill_marker(marker: str, node: int | None = None, rounds: int = 10) -> int:
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline and any(_alive(p) for p in procs):
             time.sleep(0.05)
-    return killed
+    return killed_agent
 
 
 def _alive(p) -> bool:
@@ -236,6 +243,7 @@ def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence
             time.sleep(stagger)
         threads[i].start()
     stopped: list[int] = []
+    tried: set[int] = set()
     # a node's launch gives up by itself after startup_timeout + timeout; this is the outer guard
     deadline = t0 + startup_timeout + timeout + 30.0
     try:
@@ -246,9 +254,13 @@ def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence
                 failed = bool(errors) or any(not r.ok for r in results.values())
             if failed or time.monotonic() > deadline:
                 for i, t in enumerate(threads):
-                    if t.is_alive() and i not in stopped:
-                        stopped.append(i)
-                        _kill_marker(marker, i)
+                    if t.is_alive() and i not in tried:
+                        tried.add(i)
+                        # a node whose agent had already ended by itself (e.g. it lost the
+                        # rendezvous store when the failed node's agent, its host, exited) was
+                        # not stopped by us: its result tells its own end
+                        if _kill_marker(marker, i):
+                            stopped.append(i)
     except KeyboardInterrupt:
         _kill_marker(marker)
         raise

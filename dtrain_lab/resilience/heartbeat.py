@@ -84,9 +84,10 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._since = time.time()
 
-    def check(self) -> list[dict]:
+    def check(self, now: float | None = None) -> list[dict]:
+        """Report the ranks stalled at ``now`` (default: the current time) that were not reported yet."""
         new = []
-        for info in stalled(self.directory, self.world_size, self.stale_after, since=self._since):
+        for info in stalled(self.directory, self.world_size, self.stale_after, now=now, since=self._since):
             key = (info["rank"], info["step"])
             if key in self._reported:
                 continue
