@@ -35,6 +35,6 @@ def test_a_hang_is_killed_at_the_limit_with_every_ranks_stack():
     t0 = time.monotonic()
     r = fork_launch("dtrain_lab.demos.hang", nproc=2, timeout=4, startup_timeout=2)
     assert r.hung and not r.ok
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 45           # the 4 s limit, not the pytest timeout
     for rank in (0, 1):
         assert "Thread 0x" in r.ranks[rank].output and "hang.py" in r.ranks[rank].output

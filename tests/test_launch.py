@@ -30,8 +30,10 @@ def test_crash_of_one_rank_is_reported(run, start):
     assert r.first_failure == 1
     assert r.exception == "ValueError: bad batch at step 2 on rank 1"
     assert r.ranks[1].traceback and "crash.py" in r.ranks[1].traceback
-    # rank 0 fails after it, in its next collective, because its peer is gone
-    assert r.ranks[0].exception and r.ranks[0].exception.startswith("RuntimeError")
+    # rank 0 fails after it, in its next collective, because its peer is gone; or, if a loaded
+    # machine did not run it in that moment, it is stopped by torchrun first
+    assert r.ranks[0].exception and r.ranks[0].exception.startswith(("RuntimeError", "killed by SIGTERM")), \
+        r.ranks[0].exception
     assert r.metrics[0]["step"] == 1 and r.metrics[1]["step"] == 1
     summary = r.summary("en")
     assert "first failing rank: 1" in summary and "ValueError" in summary
@@ -46,7 +48,7 @@ def test_hang_is_reported_with_every_ranks_wait_site(run, start):
     r = run("dtrain_lab.demos.hang", nproc=2, timeout=timeout, start=start)
     wall = time.monotonic() - t0
     assert r.hung and not r.ok and r.phase == "run"
-    assert r.startup is not None and wall <= r.startup + timeout + 15
+    assert r.startup is not None and wall <= r.startup + timeout + 45    # not the 600 s default
     assert r.waiting[0].call == "all_reduce" and "hang.py" in r.waiting[0].where
     assert "in evaluate" in r.waiting[0].where
     assert r.waiting[1].call == "barrier" and "in main" in r.waiting[1].where
@@ -69,9 +71,9 @@ def test_hang_in_a_program_that_never_imports_dtrain_lab(run):
 @pytest.mark.timeout(120)
 def test_startup_hang_has_its_own_limit(run):
     # 30 s: under a loaded test run, `import torch` alone can take over 10 s on 2 cores
-    r = run(HOSTILE, nproc=2, args=["never_init"], timeout=100, startup_timeout=30)
+    r = run(HOSTILE, nproc=2, args=["never_init"], timeout=300, startup_timeout=30)
     assert r.hung and r.phase == "startup" and r.startup is None
-    assert r.elapsed < 30 + 15
+    assert r.elapsed < 30 + 60 and r.limit == 30      # the start-up limit, not the run's 300 s
     assert "start-up" in r.summary("en") and "启动阶段" in r.summary("zh")
     assert r.waiting[1] is not None and "sleep" in r.waiting[1].call
 

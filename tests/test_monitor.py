@@ -8,7 +8,6 @@ in this process (nesting arithmetic with sleeps, misuse errors, the rank-0-only 
 import io
 import json
 import os
-import time
 import uuid
 
 import pytest
@@ -20,7 +19,8 @@ from dtrain_lab.jobs import monitor
 from dtrain_lab.i18n import LANGS, LabError
 from dtrain_lab.jobs.launch import launch
 
-STEPS, WARMUP, BATCH, DELAY, SLOW, TRACE_STEPS = 12, 2, 8, 0.02, 1, 2
+# DELAY: rank 1's extra sleep per step, large against what a loaded machine adds to a tiny step
+STEPS, WARMUP, BATCH, DELAY, SLOW, TRACE_STEPS = 12, 2, 8, 0.2, 1, 2
 
 
 @pytest.fixture(scope="module")
@@ -116,20 +116,35 @@ def test_trace_files_hold_the_collectives(job):
 
 
 # ------------------------------------------------------------------------------ in this process
+class FakeClock:
+    """A clock the test advances by hand: the arithmetic is checked exactly, whatever the load."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_nested_phases_are_exclusive():
-    t = monitor.StepTimer()
+    clock = FakeClock()
+    t = monitor.StepTimer(clock=clock)
     for _ in range(2):
         t.start_step()
+        clock.sleep(0.004)                  # outside every phase: "other"
         with t.phase("compute"):
-            time.sleep(0.03)
+            clock.sleep(0.03)
             with t.phase("comm"):
-                time.sleep(0.02)
+                clock.sleep(0.02)
             t.add("comm", 0.005)        # measured elsewhere (a callback) during compute
         s = t.end_step(samples=4)
-        assert s["compute"] == pytest.approx(0.025, abs=0.015)
-        assert s["comm"] == pytest.approx(0.025, abs=0.015)
-        assert s["compute"] + s["comm"] == pytest.approx(s["step"] - s["other"], abs=1e-9)
-        assert s["comm"] - 0.005 == pytest.approx(s["step"] - s["other"] - 0.03, abs=0.015)
+        assert s["step"] == pytest.approx(0.054, abs=1e-12) and s["other"] == pytest.approx(0.004, abs=1e-12)
+        assert s["comm"] == pytest.approx(0.025, abs=1e-12)              # nested 0.02 + added 0.005
+        assert s["compute"] == pytest.approx(0.025, abs=1e-12)           # its own 0.03 minus the added comm
+        assert s["compute"] + s["comm"] == pytest.approx(s["step"] - s["other"], abs=1e-12)
     summ = t.summary()
     assert summ["steps"] == 2 and summ["samples"] == 8
     assert summ["busy"] == pytest.approx((summ["total"]["step"] - summ["total"]["comm"]) / 2)

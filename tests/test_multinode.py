@@ -117,7 +117,9 @@ def test_a_failing_node_stops_the_other_and_leaves_nothing(tmp_path):
     assert [rr.rank for rr in r.ranks if "node 1 fails on purpose" in (rr.exception or "")] == r.nodes[1].ranks
     # node 0 would wait until its own 120 s start-up limit. Usually the runner kills it as soon as
     # node 1 has failed; but when node 1's agent hosted the rendezvous store, node 0's agent can lose
-    # the store and end by itself first, and then it must not be reported as stopped by its peer
+    # the store and end by itself first, and then it must not be reported as stopped by its peer.
+    # Node 1, whose rank failed, is never "stopped by its peer", even when node 0's launch returned
+    # first and the runner killed node 1's agent in its shutdown
     node0 = r.nodes[0].result
     assert not node0.ok and not node0.hung and node0.elapsed < 100, node0.summary()
     assert "node 0 waits for its peer" in node0.ranks[0].output
@@ -130,6 +132,52 @@ def test_a_failing_node_stops_the_other_and_leaves_nothing(tmp_path):
     else:
         assert r.stopped_by_peer == [] and node0.returncode not in (0, -9)
         assert "was stopped because another node had failed" not in summary
+
+
+@pytest.mark.parametrize("order", ["failed node returns first", "stopped node returns first"])
+def test_who_was_stopped_by_its_peer_does_not_depend_on_which_launch_returns_first(monkeypatch, tmp_path, order):
+    """The bookkeeping of run_local_nodes on fake launches, in both orders the real ones can return:
+    node 1's rank raises; node 0's rank waits until it is killed. Node 0 is the one stopped by its
+    peer, never node 1, even when node 0's launch returns first and node 1's agent is killed too."""
+    import threading
+
+    from dtrain_lab.jobs import nodes
+    from dtrain_lab.jobs.result import LaunchResult, RankResult
+
+    killed = {0: threading.Event(), 1: threading.Event()}
+    node1_may_return = threading.Event()
+
+    def fake_launch(target, nproc, env, **kw):
+        i = int(env["DTRAIN_SIM_NODE"])
+        log = tmp_path / f"node{i}"
+        log.mkdir()
+        (log / f"started.{i}.0").write_text("")
+        if i == 1:
+            (log / "error.1.0.json").write_text('{"type": "RuntimeError", "message": "node 1 fails"}')
+            if order == "stopped node returns first":
+                node1_may_return.wait(10)      # its agent is still shutting down
+        else:
+            if order == "stopped node returns first":
+                node1_may_return.set()
+                killed[0].set()                # its agent ended by itself (lost the store) ...
+            killed[0].wait(10)                 # ... or waits until the runner kills it
+        return LaunchResult(target=target, nproc=nproc, ok=False, returncode=-9 if i == 0 else 1, hung=False,
+                            elapsed=0.1, ranks=[RankResult(rank=i)], log_dir=str(log))
+
+    def fake_kill(marker, node=None, rounds=10):
+        if node is None:
+            return False
+        killed[node].set()
+        return True                            # a running agent was killed
+
+    monkeypatch.setattr(nodes, "launch", fake_launch)
+    monkeypatch.setattr(nodes, "_kill_marker", fake_kill)
+    r = nodes.run_local_nodes("x.py", nnodes=2, nproc=1, timeout=30, startup_timeout=30)
+    assert not r.ok and not r.nodes[1].stopped
+    if order == "failed node returns first":
+        assert r.stopped_by_peer == [0] and r.nodes[0].stopped
+    else:   # node 0 returned first, so the runner killed node 1's agent: still not "stopped by a peer"
+        assert r.stopped_by_peer == [] and not r.nodes[0].stopped
 
 
 def test_bad_arguments():

@@ -20,6 +20,7 @@ def main() -> None:
         x += 1
         dist.all_reduce(x)
         runtime.report(step=step)
+        dist.barrier()    # every rank has reported this step before the next one can fail
 
 
 if __name__ == "__main__":

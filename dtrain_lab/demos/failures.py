@@ -58,8 +58,8 @@ def slow_evaluation(fix: bool = False):
     standing in for the default 10 min (NCCL) / 30 min (gloo) against a 40-minute evaluation.
     With ``fix`` every rank evaluates its share of the validation set (8 s / world size each)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    dist.barrier()                        # start together (on a loaded machine start-up skews the ranks)
     group = dist.new_group(timeout=timedelta(seconds=3))
+    dist.barrier()                        # start together (on a loaded machine start-up skews the ranks)
     if fix:
         time.sleep(8.0 / world)           # each rank evaluates 1/world of the validation set
     elif rank == 0:
@@ -141,25 +141,36 @@ def ddp_under_detail(fix: bool = False):
     runtime.report(stepped=True)
 
 
-def debug_overhead(n: int = 300, chunk: int = 10):
-    """Time ``n`` small all-reduces; run it with TORCH_DISTRIBUTED_DEBUG unset and =DETAIL.
+def debug_overhead(level: str = "DETAIL", n: int = 300, chunk: int = 10):
+    """Time ``n`` small all-reduces on each of two groups of the same ranks: one plain, one created
+    with the debug level set to ``level`` (what ``TORCH_DISTRIBUTED_DEBUG=<level>`` does to the
+    default group: under DETAIL, ``new_group`` wraps the backend in the checking ``ProcessGroupWrapper``).
 
-    Reports the fastest chunk of ``chunk`` all-reduces (per all-reduce): on a shared, loaded machine
-    the noise only ever adds time, so the minimum estimates the cost itself, not the neighbours'.
+    Chunks of ``chunk`` all-reduces alternate between the two groups, so a load on the machine slows
+    both alike; each reports its fastest chunk (per all-reduce): noise only ever adds time, so the
+    minimum estimates the cost itself, not the neighbours'.
     """
+    previous = dist.get_debug_level()
+    dist.set_debug_level(dist.DebugLevel.OFF)
+    plain = dist.new_group()
+    dist.set_debug_level(getattr(dist.DebugLevel, level))
+    checked = dist.new_group()
+    dist.set_debug_level(previous)
+    groups = {"OFF": plain, level: checked}
     t = torch.ones(256)
-    for _ in range(20):
-        dist.all_reduce(t)
+    for group in groups.values():
+        for _ in range(20):
+            dist.all_reduce(t, group=group)
     dist.barrier()
-    chunks = []
+    chunks: dict = {level: [] for level in groups}
     for _ in range(max(1, n // chunk)):
-        t0 = time.perf_counter()
-        for _ in range(chunk):
-            dist.all_reduce(t)
-        chunks.append((time.perf_counter() - t0) / chunk)
-    runtime.report(seconds_per_all_reduce=min(chunks), median_seconds_per_all_reduce=sorted(chunks)[len(chunks) // 2],
-                   debug=dist.get_debug_level().name)
-
+        for level, group in groups.items():
+            t0 = time.perf_counter()
+            for _ in range(chunk):
+                dist.all_reduce(t, group=group)
+            chunks[level].append((time.perf_counter() - t0) / chunk)
+    runtime.report(seconds_per_all_reduce={level: min(c) for level, c in chunks.items()},
+                   median_seconds_per_all_reduce={level: sorted(c)[len(c) // 2] for level, c in chunks.items()})
 
 SCENARIOS = {f.__name__: f for f in (mismatched_ops, mismatched_shapes, slow_rank, slow_evaluation, unused_parameters,
                                       uneven_inputs, ddp_under_detail, debug_overhead)}
@@ -171,7 +182,8 @@ def main() -> None:
     if name not in SCENARIOS:
         raise SystemExit(f"usage: failures.py {{{'|'.join(SCENARIOS)}}} [--fix]")
     if name == "debug_overhead":
-        SCENARIOS[name]()
+        args = sys.argv[2:]
+        SCENARIOS[name](level=args[args.index("--level") + 1] if "--level" in args else "DETAIL")
     else:
         SCENARIOS[name](fix="--fix" in sys.argv[2:])
 

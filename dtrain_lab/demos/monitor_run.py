@@ -1,6 +1,6 @@
 """Lesson 12: where a DDP step's time goes, which rank is the straggler, and a profiler trace.
 
-    torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.monitor_run --slow-rank 1 --delay 0.01
+    torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.monitor_run --slow-rank 1 --delay 0.05
 
 Every rank trains the same tiny MLP with PyTorch DDP for ``--steps`` steps on its own batches of
 ``--batch`` samples. A :class:`dtrain_lab.jobs.monitor.StepTimer` splits each step into data / compute /

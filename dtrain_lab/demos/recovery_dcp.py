@@ -8,7 +8,8 @@ ranks); with a replicated vector and a step number it is written by
 :func:`~dtrain_lab.resilience.recovery.dcp_save` to ``ROOT/step_00000007`` (every rank its own rows, rank 0
 the ``COMMIT`` file). Then the watchdog part: every rank sends heartbeats for steps 1-3; at step 4
 rank 1 stalls for ``STALL`` seconds (fault injection, ``DTRAIN_FAIL_MODE=stall``) while rank 0 keeps
-beating and runs a :class:`~dtrain_lab.resilience.recovery.Watchdog` with ``stale_after=STALE`` seconds.
+beating and runs a :class:`~dtrain_lab.resilience.recovery.Watchdog` with ``stale_after=STALE`` seconds,
+until the watchdog has named a rank (rank 1 beats again only after that).
 
 ``load``: the matrix is a zero ``DTensor`` sharded over *this* world (4 + 4 + 2 rows on 3 ranks);
 :func:`~dtrain_lab.resilience.recovery.dcp_load` fills it from the newest committed folder (DCP reshards).
@@ -53,8 +54,10 @@ def main() -> None:
 
 
 def watchdog_part(rt, root: str) -> None:
+    """Rank 1 stalls after step 3 (``DTRAIN_FAIL_MODE=stall``); rank 0 keeps beating and runs the
+    watchdog until it has named a rank, then stops it. Rank 1 beats step 4 only after that, so the
+    report does not depend on how fast a loaded machine schedules either rank."""
     stale = float(os.environ.get("DTRAIN_TEST_STALE", "1.0"))
-    stall = float(os.environ.get("DTRAIN_FAIL_STALL_S", "3.0"))
     hb = os.path.join(root, "heartbeats")
     reports: list = []
     dog = recovery.Watchdog(hb, rt.world_size, stale_after=stale, interval=0.1,
@@ -64,20 +67,19 @@ def watchdog_part(rt, root: str) -> None:
         time.sleep(0.05)
     torch.distributed.barrier()
     if dog is not None:
+        recovery.heartbeat(hb, 3, rt.rank)     # fresh, whatever the barrier cost
         dog.start()
     recovery.maybe_fail(4, rt.rank)     # DTRAIN_FAIL_RANK=1, DTRAIN_FAIL_MODE=stall: rank 1 sleeps here
-    if rt.rank == 0:
-        t_end = time.time() + stall
-        while time.time() < t_end:      # rank 0 stays healthy meanwhile
+    if dog is not None:
+        deadline = time.monotonic() + stale + 60
+        while not reports and time.monotonic() < deadline:      # rank 0 stays healthy meanwhile
             recovery.heartbeat(hb, 4, rt.rank)
             time.sleep(0.1)
-    else:
-        recovery.heartbeat(hb, 4, rt.rank)
-    torch.distributed.barrier()
-    if dog is not None:
         dog.stop()
+    torch.distributed.barrier()
+    recovery.heartbeat(hb, 4, rt.rank)
+    if dog is not None:
         runtime.report(watchdog=[{k: r[k] for k in ("rank", "step", "age", "message")} for r in reports])
-
 
 if __name__ == "__main__":
     runtime.entrypoint(main)

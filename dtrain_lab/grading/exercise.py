@@ -78,6 +78,7 @@ class Run:
     inputs: list                                         # every rank's private inputs
     results: dict = field(default_factory=dict)          # rank -> decoded result
     traces: dict = field(default_factory=dict)           # rank -> [collective, ...] (self-reported)
+    timeline: dict = field(default_factory=dict)         # rank -> the trace with its marks (trace.mark)
     exits: dict = field(default_factory=dict)            # rank -> exit code (observed)
     ended: dict = field(default_factory=dict)            # rank -> wall time it ended (observed)
     scenario: dict = field(default_factory=dict)

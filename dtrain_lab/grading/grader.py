@@ -270,7 +270,8 @@ def _judge(ex: Exercise, run: Run, res, lang: str, title: str, scenario: dict) -
         lines += [_where(ro, lang) for ro in res.ranks]
         return _verdict(ex, "hang", "\n".join(lines), lang, world_size=n,
                         stacks={ro.rank: (ro.stack or "")[-8000:] for ro in res.ranks})
-    run.traces = {ro.rank: ro.trace for ro in res.ranks}
+    run.timeline = {ro.rank: ro.trace for ro in res.ranks}
+    run.traces = {ro.rank: trace.calls(ro.trace) for ro in res.ranks}
     run.exits = {ro.rank: ro.code for ro in res.ranks}
     run.ended = {ro.rank: ro.ended for ro in res.ranks}
     run.elapsed = res.elapsed

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from dtrain_lab.grading import contract
+from dtrain_lab.grading import contract, trace
 
 LAB = "lab_10"
 VAL_SIZE = 10          # exercise 2: samples in the validation set, sample i held by rank i % world_size
@@ -20,6 +20,7 @@ STEPS = 6              # exercise 4: steps of the loop
 MESSAGE_NUMEL = 4 << 20  # exercise 6: 16 MiB of float32, far beyond any socket buffer
 ACCUM = 2              # exercise 8: micro-batches accumulated per optimizer step
 CHECKPOINT_NAME = "lab10_checkpoint.txt"
+WRITTEN, READ = "checkpoint_written", "checkpoint_read"   # marks in the ranks' traces (exercise 7)
 RANKS_PER_NODE = 2     # exercise 9: consecutive ranks per "node"
 GRAD_NUMEL = 6         # exercise 9: elements of each rank's gradient
 
@@ -146,6 +147,31 @@ def write_checkpoint(path: str) -> None:
             f.write(text[len(text) // 2:])
         if i < len(earlier):
             time.sleep(delay)   # an earlier checkpoint stays complete for a while, as a real one would
+    trace.mark(WRITTEN)
+
+
+def watch_reads(rt=None) -> None:
+    """The exercise's setup, in every rank: mark in the rank's trace each time it opens the
+    checkpoint for reading (an audit hook sees ``open``, ``pathlib`` and ``os.open`` alike), so the
+    grader can tell where, among its collectives, a reader read; not a matter of timing."""
+    import sys
+
+    target = os.path.normpath(os.path.abspath(checkpoint_path()))
+
+    def hook(event, args):
+        if event != "open" or not args or isinstance(args[0], int):
+            return
+        mode, flags = (args[1], args[2]) if len(args) > 2 else (None, 0)
+        reading = ("r" in mode and "+" not in mode) if isinstance(mode, str) \
+            else (flags or 0) & os.O_ACCMODE == os.O_RDONLY
+        try:
+            path = os.path.normpath(os.path.abspath(os.fsdecode(args[0])))
+        except (TypeError, ValueError):
+            return
+        if reading and path == target:
+            trace.mark(READ)
+
+    sys.addaudithook(hook)
 
 
 # ------------------------------------------------------------------ 8. accumulation steps

@@ -30,6 +30,7 @@ P2P = ("send", "recv", "isend", "irecv")
 # seen anyway through batch_isend_irecv, the way this course posts non-blocking pairs
 
 _installed = False
+_fd: int | None = None
 _counts: dict[str, int] = {}
 
 
@@ -57,11 +58,11 @@ def _describe(name: str, args, kwargs) -> dict:
 
 def install(path: str) -> None:
     """Append a JSON line to ``path`` at the start of every collective this process issues."""
-    global _installed
+    global _installed, _fd
     if _installed:
         return
     _installed = True
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = _fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def wrap(name, fn):
         @functools.wraps(fn)
@@ -77,6 +78,29 @@ def install(path: str) -> None:
         fn = getattr(dist, name, None)
         if fn is not None and not getattr(fn, "__dtrain_traced__", False):
             setattr(dist, name, wrap(name, fn))
+
+
+def mark(name: str) -> None:
+    """Put a mark (``{"op": name, "mark": true}``) between the collectives of this rank's trace: a
+    contract function notes where, among its collectives, something happened (a file written, read).
+    Nothing happens without a trace."""
+    if _fd is not None:
+        os.write(_fd, (json.dumps({"op": name, "mark": True}) + "\n").encode())
+
+
+def calls(entries: list[dict]) -> list[dict]:
+    """The collectives of a parsed trace, without its marks."""
+    return [e for e in entries if not e.get("mark")]
+
+
+def world_collectives(entries: list[dict]) -> int:
+    """How many collectives of the whole world (no ``group``, not point-to-point) ``entries`` hold."""
+    return sum(1 for e in calls(entries) if e["op"] not in P2P + ("batch_isend_irecv",) and "group" not in e)
+
+
+def p2p_count(entries: list[dict], op: str, peer: int) -> int:
+    """How many blocking ``op`` ("send" or "recv") calls with ``peer`` ``entries`` hold."""
+    return sum(1 for e in calls(entries) if e["op"] == op and e.get("peer") == peer)
 
 
 def count(op: str) -> int | None:
@@ -110,7 +134,7 @@ def first_mismatch(traces: dict[int, list[dict]]) -> tuple[int, dict[int, dict |
     they pair up by peer, not by position), or None if every rank issued the same sequence."""
     def collective_seq(seq):
         return [{k: v for k, v in e.items() if k in ("op", "shape", "dtype", "src")}
-                for e in seq if e["op"] not in P2P + ("batch_isend_irecv",) and "group" not in e]
+                for e in calls(seq) if e["op"] not in P2P + ("batch_isend_irecv",) and "group" not in e]
 
     seqs = {r: collective_seq(t) for r, t in traces.items()}
     longest = max((len(s) for s in seqs.values()), default=0)

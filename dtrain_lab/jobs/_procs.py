@@ -107,17 +107,35 @@ def sigusr1(pid: int) -> bool:
         return False
 
 
-def wait_stable(path: str, timeout: float = 3.0) -> str:
-    """Read a file once its size has stopped growing (faulthandler writes frame by frame)."""
-    deadline = time.monotonic() + timeout
+# the outermost frame of a main thread: a dump that holds one has reached its main thread's end
+_MAIN_THREAD_END = (b" in <module>", b" in _run_module_as_main")
+
+
+def wait_stable(path: str, timeout: float = 3.0, complete_within: float = 10.0) -> str:
+    """Read a stack dump once it is complete. faulthandler writes it frame by frame, in the rank's
+    signal handler: on a loaded machine the rank can be descheduled half-way. The dump counts as
+    complete when its size has stopped growing and it holds a main thread's outermost frame; one
+    that stopped growing without it gets up to ``complete_within`` seconds more. Nothing at all
+    after ``timeout`` seconds: the rank did not answer (it is gone, or not a Python process)."""
+    t0 = time.monotonic()
     last = -1
-    while time.monotonic() < deadline:
+    while True:
         try:
             size = os.path.getsize(path)
         except OSError:
             size = -1
-        if size > 0 and size == last:
+        now = time.monotonic() - t0
+        if size <= 0 and now > timeout:
             break
+        if size > 0 and size == last:
+            try:
+                with open(path, "rb") as f:
+                    if any(m in f.read() for m in _MAIN_THREAD_END):
+                        break
+            except OSError:
+                pass
+            if now > max(timeout, complete_within):
+                break
         last = size
         time.sleep(0.15)
     try:

@@ -242,7 +242,7 @@ def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence
         if k and stagger > 0:
             time.sleep(stagger)
         threads[i].start()
-    stopped: list[int] = []
+    killed: list[int] = []         # nodes whose running agent this runner killed
     tried: set[int] = set()
     # a node's launch gives up by itself after startup_timeout + timeout; this is the outer guard
     deadline = t0 + startup_timeout + timeout + 30.0
@@ -260,7 +260,7 @@ def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence
                         # rendezvous store when the failed node's agent, its host, exited) was
                         # not stopped by us: its result tells its own end
                         if _kill_marker(marker, i):
-                            stopped.append(i)
+                            killed.append(i)
     except KeyboardInterrupt:
         _kill_marker(marker)
         raise
@@ -271,15 +271,21 @@ def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence
     if errors:
         raise next(iter(errors.values()))
 
-    nodes, all_ranks = [], []
+    nodes, all_ranks, stopped = [], [], []
     for i in range(nnodes):
         group_rank, true_ranks, ranks = _remap(results[i], nproc, i)
+        # stopped by its peer: killed while running, before any of its ranks had failed by itself
+        # (the launches return in no particular order: the node whose rank failed first may still
+        # be in its agent's shutdown when another node's failure is seen)
+        raised = any(next(Path(results[i].log_dir).glob(f"error.{r}.*.json"), None) for r in true_ranks)
+        if i in killed and not raised:
+            stopped.append(i)
         nodes.append(NodeInfo(requested_rank=i, group_rank=group_rank, ranks=true_ranks, result=results[i],
                               stopped=i in stopped))
         all_ranks.extend(ranks)
     all_ranks.sort(key=lambda r: r.rank)
     complete = sorted(r.rank for r in all_ranks) == list(range(nnodes * nproc))
-    ok = not stopped and complete and all(n.result.ok for n in nodes)
+    ok = not killed and complete and all(n.result.ok for n in nodes)
     return NodesResult(target=str(target), nnodes=nnodes, nproc=nproc, endpoint=endpoint, rdzv_id=rdzv_id,
                        ok=ok, elapsed=time.monotonic() - t0, nodes=nodes, ranks=all_ranks,
                        stopped_by_peer=sorted(stopped))

@@ -43,8 +43,7 @@ elif mode == "ends_with_a_thread":  # the program returns while a non-daemon thr
 elif mode == "os_exit":           # rank 1 disappears without a traceback
     if rank == 1:
         os._exit(3)
-    time.sleep(1)
-    dist.barrier()
+    time.sleep(3600)              # rank 0 can only end by being stopped: rank 1 is the first failure
 elif mode == "sleep_ignore_term":  # ignores SIGTERM and sleeps: must still be killed
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(3600)

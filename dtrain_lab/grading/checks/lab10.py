@@ -17,6 +17,7 @@ import math
 
 from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab10 as contract
+from dtrain_lab.grading import trace
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, problem
 
@@ -122,9 +123,32 @@ def _check_shared_file(run, rank, result):
 
 
 def _readers_wait_for_writer(run):
-    """Reading a file another rank writes needs a synchronisation every rank takes part in."""
+    """Reading a file another rank writes needs a synchronisation after the write, before the read.
+
+    From the ranks' traces (self-reported: they catch honest mistakes, whatever the timing of this
+    run): rank 0's trace marks where ``write_checkpoint`` returned, a reader's where it last opened
+    the checkpoint. A reader waited for the write if, before that read, it had called more
+    collectives of the whole world than rank 0 had before the write ended (the next one cannot
+    finish before rank 0 joins it, after the write), or received from rank 0 more often than rank 0
+    had sent to it by then.
+    """
     if any(not calls for calls in run.traces.values()):
         return [problem("lab10_no_sync")]
+    writer = run.timeline.get(0, [])
+    written = next((i for i, e in enumerate(writer) if e.get("mark") and e["op"] == contract.WRITTEN), None)
+    if written is None:     # no write finished: the result check says what went wrong
+        return []
+    before_write = writer[:written]
+    for rank, entries in sorted(run.timeline.items()):
+        reads = [i for i, e in enumerate(entries) if e.get("mark") and e["op"] == contract.READ]
+        if rank == 0 or not reads:
+            continue
+        before_read = entries[:reads[-1]]
+        if trace.world_collectives(before_read) > trace.world_collectives(before_write):
+            continue
+        if trace.p2p_count(before_read, "recv", 0) > trace.p2p_count(before_write, "send", rank):
+            continue
+        return [problem("lab10_read_before_sync", rank=rank)]
     return []
 
 
@@ -187,7 +211,8 @@ EXERCISES = [
     _exercise("send_send", rendered("lab10_title_send_send"),
               [_check_exchange], job_checks=[_no_send_send], world_sizes=(2,)),
     _exercise("barrier_rank0", rendered("lab10_title_barrier_rank0"),
-              [_check_shared_file], job_checks=[_readers_wait_for_writer], timeout=15, shared=True),
+              [_check_shared_file], job_checks=[_readers_wait_for_writer], timeout=15, shared=True,
+              setup="dtrain_lab.grading.lab10:watch_reads"),
     _exercise("accum_steps", rendered("lab10_title_accum_steps"),
               [_check_accum]),
     _exercise("hierarchical", rendered("lab10_title_hierarchical"),
