@@ -30,6 +30,8 @@ def judge(timeline: dict) -> list:
     {0: [W, {"op": "send", "peer": 1}], 1: [{"op": "recv", "peer": 0}, R]},          # a message after the write
     {0: [W, BARRIER], 1: [R, BARRIER, R]},                                           # the last read counts
     {0: [BARRIER], 1: [BARRIER, R]},                                                 # no write finished: the result says it
+    {0: [W, {"op": "barrier", "group": [0, 1, 2]}], 1: [{"op": "barrier", "group": [0, 1, 2]}, R]},  # new_group()
+    {0: [W, {"op": "barrier", "group": [0, 1]}], 1: [{"op": "barrier", "group": [0, 1]}, R]},        # a pair
 ])
 def test_readers_that_waited_for_the_write(timeline):
     assert judge(timeline) == []
@@ -41,6 +43,8 @@ def test_readers_that_waited_for_the_write(timeline):
     ({0: [W, BARRIER], 1: [BARRIER, R], 2: [R, BARRIER]}, 2),                 # one reader of two
     ({0: [{"op": "send", "peer": 1}, W, BARRIER], 1: [{"op": "recv", "peer": 0}, R, BARRIER]}, 1),
     ({0: [W, {"op": "barrier", "group": [0, 2]}], 1: [{"op": "barrier", "group": [1]}, R]}, 1),
+    # a barrier on another group than the one rank 0 joins after the write
+    ({0: [{"op": "barrier", "group": [0, 1]}, W, BARRIER], 1: [{"op": "barrier", "group": [0, 1]}, R, BARRIER]}, 1),
 ])
 def test_readers_that_read_before_a_synchronisation_after_the_write(timeline, reader):
     assert judge(timeline) == [judge_message(reader)]

@@ -93,9 +93,23 @@ def calls(entries: list[dict]) -> list[dict]:
     return [e for e in entries if not e.get("mark")]
 
 
-def world_collectives(entries: list[dict]) -> int:
-    """How many collectives of the whole world (no ``group``, not point-to-point) ``entries`` hold."""
-    return sum(1 for e in calls(entries) if e["op"] not in P2P + ("batch_isend_irecv",) and "group" not in e)
+def collectives_by_group(entries: list[dict], members: tuple[int, ...]) -> dict:
+    """How many collectives (not point-to-point) ``entries`` hold on each group that has all of
+    ``members``: ``{"world" or (rank, ...): count}``. The k-th collective of a group on one rank
+    pairs with the k-th of that group on every other member."""
+    out: dict = {}
+    for e in calls(entries):
+        if e["op"] in P2P + ("batch_isend_irecv",):
+            continue
+        group = e.get("group")
+        if group is None:
+            key = "world"
+        elif isinstance(group, list) and all(m in group for m in members):
+            key = tuple(group)
+        else:
+            continue
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 def p2p_count(entries: list[dict], op: str, peer: int) -> int:

@@ -128,9 +128,9 @@ def _readers_wait_for_writer(run):
     From the ranks' traces (self-reported: they catch honest mistakes, whatever the timing of this
     run): rank 0's trace marks where ``write_checkpoint`` returned, a reader's where it last opened
     the checkpoint. A reader waited for the write if, before that read, it had called more
-    collectives of the whole world than rank 0 had before the write ended (the next one cannot
-    finish before rank 0 joins it, after the write), or received from rank 0 more often than rank 0
-    had sent to it by then.
+    collectives on some group of both (the world, or a group made with ``new_group``) than rank 0
+    had on that group before the write ended (the next one cannot finish before rank 0 joins it,
+    after the write), or received from rank 0 more often than rank 0 had sent to it by then.
     """
     if any(not calls for calls in run.traces.values()):
         return [problem("lab10_no_sync")]
@@ -144,7 +144,8 @@ def _readers_wait_for_writer(run):
         if rank == 0 or not reads:
             continue
         before_read = entries[:reads[-1]]
-        if trace.world_collectives(before_read) > trace.world_collectives(before_write):
+        written_by = trace.collectives_by_group(before_write, (0, rank))
+        if any(n > written_by.get(group, 0) for group, n in trace.collectives_by_group(before_read, (0, rank)).items()):
             continue
         if trace.p2p_count(before_read, "recv", 0) > trace.p2p_count(before_write, "send", rank):
             continue
