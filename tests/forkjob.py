@@ -22,13 +22,14 @@ hosted by the parent as torchrun's agent hosts it (``TORCHELASTIC_USE_AGENT_STOR
 ``init_process_group`` runs exactly as in a torchrun worker. The program then runs through the
 launcher's own forked-rank runner (``dtrain_lab/jobs/_forked_rank.py``), as in a launch on a CPU
 machine. Like torchrun, the first rank that
-fails ends the job: the others are stopped. On the time-out every rank writes its Python stack
-(``faulthandler``) into its output before it is killed; the result is ``hung``.
+fails ends the job: the others are stopped. On the time-out every rank is asked for its Python
+stack (``SIGUSR1``, the launcher's own ``diagnose.collect_stacks``) before it is killed: the result is
+``hung``, with each rank's ``stack`` and ``waiting`` as the launcher reports them.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import faulthandler
+import importlib.util
 import os
 import signal
 import sys
@@ -43,11 +44,31 @@ import torch._dynamo  # noqa: F401 - imported once here, not in every rank (the 
 import torch.distributed as dist
 
 from dtrain_lab import i18n
-from dtrain_lab.jobs import _forked_rank, runtime
+from dtrain_lab.jobs import _forked_rank, diagnose, runtime
 from dtrain_lab.jobs.outcome import attach_exceptions, first_failure, read_errors
 from dtrain_lab.jobs.result import LaunchResult, RankResult, load_reports
 
 MAX_OUTPUT_CHARS = 200_000
+
+
+def _launch_sitecustomize():
+    """The ``sitecustomize`` that every launched rank loads (``dtrain_lab/jobs/_inject``), loaded once
+    here outside any job (it does nothing then). The forked-rank runner calls its ``setup_rank`` in each
+    rank, as in a torchrun worker forked from its agent: the ``started``/``ready`` marks, the stack dump
+    on ``SIGUSR1``, the record of an uncaught exception."""
+    path = Path(_forked_rank.__file__).parent / "_inject" / "sitecustomize.py"
+    spec = importlib.util.spec_from_file_location("dtrain_lab_launch_sitecustomize", path)
+    module = importlib.util.module_from_spec(spec)
+    saved = os.environ.pop("DTRAIN_JOB_DIR", None)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is not None:
+            os.environ["DTRAIN_JOB_DIR"] = saved
+    return module
+
+
+_SITE = _launch_sitecustomize()
 
 
 def fork_launch(target: str, nproc: int, args: Sequence[Any] = (), timeout: float = 120.0,
@@ -80,9 +101,10 @@ def fork_launch(target: str, nproc: int, args: Sequence[Any] = (), timeout: floa
     for w in writers:
         os.write(w, str(store.port).encode())
         os.close(w)
-    codes, hung = _wait(pids, t0 + startup_timeout + timeout)
+    stacks: dict[int, Any] = {r: RankResult(rank=r) for r in range(nproc)}   # filled on a hang
+    codes, hung = _wait(pids, t0 + startup_timeout + timeout, lambda: diagnose.collect_stacks(job_dir, stacks))
     del store
-    return _result(str(target), nproc, job_dir, codes, hung, time.monotonic() - t0, timeout)
+    return _result(str(target), nproc, job_dir, codes, hung, time.monotonic() - t0, timeout, stacks)
 
 
 def _rank_main(rank: int, nproc: int, port_pipe: int, job_dir: Path, target: str, args: list[str],
@@ -116,7 +138,7 @@ def _rank_main(rank: int, nproc: int, port_pipe: int, job_dir: Path, target: str
         })
         i18n.set_lang(os.environ.get("DTRAIN_LANG") or i18n.get_lang())  # chosen at import, in the parent
         runtime._current = None  # the parent's world of one, if a test made one
-        faulthandler.dump_traceback_later(max(1.0, timeout - 2.0), exit=False, file=sys.stderr)
+        sys.modules["sitecustomize"] = _SITE
         argv = [target] + args if target.endswith(".py") else ["-m", target] + args
     except BaseException:  # noqa: BLE001 - the harness itself failed: say so in the rank's output
         traceback.print_exc()
@@ -133,7 +155,7 @@ def _stop(pids: list[int], sig: int) -> None:
             pass
 
 
-def _wait(pids: list[int], deadline: float) -> tuple[dict[int, int], bool]:
+def _wait(pids: list[int], deadline: float, on_hang) -> tuple[dict[int, int], bool]:
     """Exit codes by rank. The first failure stops the others (SIGTERM, then SIGKILL after 5 s), as
     torchrun does; past ``deadline`` every rank is killed and the job is hung."""
     codes: dict[int, int] = {}
@@ -152,6 +174,8 @@ def _wait(pids: list[int], deadline: float) -> tuple[dict[int, int], bool]:
         now = time.monotonic()
         if len(codes) < len(pids) and (now > deadline or (stop_at is not None and now > stop_at)):
             hung = hung or stop_at is None
+            if hung:
+                on_hang()                 # every rank's stack, before the kill
             _stop([p for r, p in enumerate(pids) if r not in codes], signal.SIGKILL)
             for rank, pid in enumerate(pids):
                 if rank not in codes:
@@ -162,7 +186,7 @@ def _wait(pids: list[int], deadline: float) -> tuple[dict[int, int], bool]:
 
 
 def _result(target: str, nproc: int, job_dir: Path, codes: dict[int, int], hung: bool, elapsed: float,
-            timeout: float) -> LaunchResult:
+            timeout: float, stacks: dict[int, Any]) -> LaunchResult:
     ranks = {}
     for rank in range(nproc):
         try:
@@ -172,6 +196,7 @@ def _result(target: str, nproc: int, job_dir: Path, codes: dict[int, int], hung:
         rr = RankResult(rank=rank, stdout=text[-MAX_OUTPUT_CHARS:], stderr=text[-MAX_OUTPUT_CHARS:],
                         output=text[-MAX_OUTPUT_CHARS:], truncated=len(text) > MAX_OUTPUT_CHARS)
         load_reports(rr, job_dir)
+        rr.stack, rr.waiting = stacks[rank].stack, stacks[rank].waiting
         ranks[rank] = rr
     errors = read_errors(job_dir)
     aborted = attach_exceptions(ranks, errors)

@@ -302,8 +302,7 @@ def _collect_stacks(proc, job_dir: Path, attempt: int, res: JobResult) -> None:
             asked.append(r)
         except psutil.Error:
             pass
-    for r in asked:
-        _procs.wait_stable(str(job_dir / f"rank{r}" / f"a{attempt}" / "stack"), timeout=3.0)
+    _procs.wait_stable_all([str(job_dir / f"rank{r}" / f"a{attempt}" / "stack") for r in asked], timeout=3.0)
 
 
 def _signal_name(code: int | None, sandboxed: bool) -> str | None:

@@ -107,37 +107,38 @@ def sigusr1(pid: int) -> bool:
         return False
 
 
-# the outermost frame of a main thread: a dump that holds one has reached its main thread's end
-_MAIN_THREAD_END = (b" in <module>", b" in _run_module_as_main")
-
-
-def wait_stable(path: str, timeout: float = 3.0, complete_within: float = 10.0) -> str:
-    """Read a stack dump once it is complete. faulthandler writes it frame by frame, in the rank's
-    signal handler: on a loaded machine the rank can be descheduled half-way. The dump counts as
-    complete when its size has stopped growing and it holds a main thread's outermost frame; one
-    that stopped growing without it gets up to ``complete_within`` seconds more. Nothing at all
-    after ``timeout`` seconds: the rank did not answer (it is gone, or not a Python process)."""
+def wait_stable_all(paths: list[str], timeout: float = 3.0, quiet: float = 0.5, growing: float = 10.0) -> None:
+    """Wait until every stack dump in ``paths`` is complete. faulthandler writes a dump frame by frame,
+    in the rank's signal handler, and on a loaded machine the rank can be descheduled half-way: a
+    dump counts as complete once its size has not changed for ``quiet`` seconds. A file still empty
+    after ``timeout`` seconds is given up (the rank did not answer: gone, or not a Python process);
+    one that keeps growing, after ``growing`` seconds. All files are watched together, so the wait
+    is about ``quiet`` seconds however many ranks there are."""
     t0 = time.monotonic()
-    last = -1
-    while True:
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            size = -1
-        now = time.monotonic() - t0
-        if size <= 0 and now > timeout:
-            break
-        if size > 0 and size == last:
+    last: dict[str, tuple[int, float]] = {}
+    pending = set(paths)
+    while pending:
+        now = time.monotonic()
+        for path in list(pending):
             try:
-                with open(path, "rb") as f:
-                    if any(m in f.read() for m in _MAIN_THREAD_END):
-                        break
+                size = os.path.getsize(path)
             except OSError:
-                pass
-            if now > max(timeout, complete_within):
-                break
-        last = size
-        time.sleep(0.15)
+                size = -1
+            if size <= 0:
+                if now - t0 > timeout:
+                    pending.discard(path)
+                continue
+            seen, since = last.get(path, (-1, now))
+            if size != seen:
+                last[path] = (size, now)
+            if (size == seen and now - since >= quiet) or now - t0 > growing:
+                pending.discard(path)
+        if pending:
+            time.sleep(0.05)
+
+
+def read_text(path: str) -> str:
+    """The file's text, or "" if it cannot be read."""
     try:
         with open(path, errors="replace") as f:
             return f.read()

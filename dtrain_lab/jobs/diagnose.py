@@ -149,8 +149,9 @@ def collect_stacks(job_dir: Path, ranks: dict) -> None:
             continue
         if _procs.sigusr1(pid):
             asked.append((r, job_dir / f"stack.{r}.{attempt}.{pid}"))
+    _procs.wait_stable_all([str(path) for _, path in asked], timeout=3.0)
     for r, path in asked:
-        text = _procs.wait_stable(str(path), timeout=3.0)
+        text = _procs.read_text(str(path))
         if r in ranks and text:
             ranks[r].stack = text
             ranks[r].waiting = wait_site(text)
