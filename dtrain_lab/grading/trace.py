@@ -26,6 +26,7 @@ TRACED = ("all_reduce", "broadcast", "all_gather", "all_gather_object", "all_gat
           "reduce", "gather", "scatter", "barrier", "monitored_barrier", "send", "recv",
           "all_to_all", "all_to_all_single", "broadcast_object_list", "batch_isend_irecv")
 P2P = ("send", "recv", "isend", "irecv")
+POINT_TO_POINT = P2P + ("batch_isend_irecv",)   # every traced call that is not a collective
 # isend/irecv stay unwrapped: P2POp checks its op *is* torch.distributed's isend/irecv, and they are
 # seen anyway through batch_isend_irecv, the way this course posts non-blocking pairs
 
@@ -99,7 +100,7 @@ def collectives_by_group(entries: list[dict], members: tuple[int, ...]) -> dict:
     pairs with the k-th of that group on every other member."""
     out: dict = {}
     for e in calls(entries):
-        if e["op"] in P2P + ("batch_isend_irecv",):
+        if e["op"] in POINT_TO_POINT:
             continue
         group = e.get("group")
         if group is None:
@@ -148,7 +149,7 @@ def first_mismatch(traces: dict[int, list[dict]]) -> tuple[int, dict[int, dict |
     they pair up by peer, not by position), or None if every rank issued the same sequence."""
     def collective_seq(seq):
         return [{k: v for k, v in e.items() if k in ("op", "shape", "dtype", "src")}
-                for e in calls(seq) if e["op"] not in P2P + ("batch_isend_irecv",) and "group" not in e]
+                for e in calls(seq) if e["op"] not in POINT_TO_POINT and "group" not in e]
 
     seqs = {r: collective_seq(t) for r, t in traces.items()}
     longest = max((len(s) for s in seqs.values()), default=0)

@@ -275,10 +275,10 @@ def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence
     for i in range(nnodes):
         group_rank, true_ranks, ranks = _remap(results[i], nproc, i)
         # stopped by its peer: killed while running, before any of its ranks had failed by itself
-        # (the launches return in no particular order: the node whose rank failed first may still
-        # be in its agent's shutdown when another node's failure is seen)
-        raised = any(next(Path(results[i].log_dir).glob(f"error.{r}.*.json"), None) for r in true_ranks)
-        if i in killed and not raised:
+        # (an exception, recorded or a C++ abort, as _remap and the launch read them). The launches
+        # return in no particular order: the node whose rank failed first may still be in its
+        # agent's shutdown when another node's failure is seen
+        if i in killed and not any(rr.exception for rr in ranks):
             stopped.append(i)
         nodes.append(NodeInfo(requested_rank=i, group_rank=group_rank, ranks=true_ranks, result=results[i],
                               stopped=i in stopped))
