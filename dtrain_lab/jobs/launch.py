@@ -12,6 +12,10 @@ What happens, in order:
    Without a CUDA GPU, ``--run-path --start-method fork``: torchrun forks the ranks from its agent,
    which has imported torch already, and :mod:`dtrain_lab.jobs._forked_rank` runs the program in
    each as ``python -m`` would (``start=``, :func:`~dtrain_lab.jobs.options.default_start`).
+   On that path the agent itself is forked from an *agent server* that this process started once
+   and that has imported torch (and ``torch._dynamo``, which every rank's first optimizer imports):
+   :mod:`dtrain_lab.jobs.agents` says when a launch may use it (never when it could change what
+   the job does) and how the server ends with this process.
 2. Every rank's stdout/stderr goes to its own log file (``--redirects 3``); the launcher tails them
    and shows the lines live with a ``[rankN]`` prefix. In a notebook the live view is replaced at the
    end by the output grouped rank by rank, which does not depend on how the ranks interleaved.
@@ -42,7 +46,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from dtrain_lab.i18n import tr
-from dtrain_lab.jobs import _procs
+from dtrain_lab.jobs import _procs, agents
 from dtrain_lab.jobs.diagnose import collect_stacks, format_stack
 from dtrain_lab.jobs.options import (DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_TIMEOUT_S, PACKAGE_PARENT, LaunchOptions,
                                      default_nproc, job_root)
@@ -85,7 +89,7 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
         print(tr("launch_start", target=opts.target, nproc=opts.world_size, backend=opts.backend or "auto"), flush=True)
     out = RankOutput(job_dir / "logs", opts.rank_base, opts.nproc, display, opts.max_live_lines, opts.max_output_lines)
 
-    job = _Job(cmd, opts.child_env(job_dir, job_id), job_dir)
+    job = _Job(cmd, opts.child_env(job_dir, job_id), job_dir, served=agents.served(opts))
     hung, phase, limit, interrupted = job.wait(out, display, opts)
     if opts.nnodes > 1:
         out.renumber(_started_ranks(job_dir), opts.nproc)
@@ -104,24 +108,33 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
 
 
 class _Job:
-    """The torchrun agent of one launch: started in its own session, its own output read in a thread."""
+    """The torchrun agent of one launch, in its own session: forked by this process's agent server
+    (:mod:`dtrain_lab.jobs.agents`, its output in ``agent.log``) or a fresh Python (its output read in
+    a thread)."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], job_dir: Path):
+    def __init__(self, cmd: list[str], env: dict[str, str], job_dir: Path, served: bool = False):
         self.job_dir = job_dir
         self.agent_lines: list[str] = []
         self.t0 = time.monotonic()
         self.wall0 = time.time()
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_procs.set_parent_death_signal)
-        self.reader = threading.Thread(target=self._read_agent, daemon=True)
-        self.reader.start()
+        self.agent_log = job_dir / "agent.log"
+        self.reader = None
+        self.proc = agents.start(cmd, env, self.agent_log) if served else None
+        if self.proc is None:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_procs.set_parent_death_signal)
+            self.reader = threading.Thread(target=self._read_agent, daemon=True)
+            self.reader.start()
 
     def _read_agent(self) -> None:
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:
-            if len(self.agent_lines) < 2000:
-                self.agent_lines.append(raw.decode(errors="replace").rstrip("\n")[:MAX_LINE_CHARS])
+            self._keep(raw.decode(errors="replace"))
+
+    def _keep(self, line: str) -> None:
+        if len(self.agent_lines) < 2000:
+            self.agent_lines.append(line.rstrip("\n")[:MAX_LINE_CHARS])
 
     def first_ready(self) -> float | None:
         """Wall time at which the first rank's ``init_process_group`` returned (its ``ready.*`` mark)."""
@@ -149,9 +162,17 @@ class _Job:
 
     def close(self) -> str:
         """Wait for the agent's output to end; torchrun's own messages."""
-        self.reader.join(timeout=2)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        if self.reader is not None:
+            self.reader.join(timeout=2)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        else:
+            try:
+                with open(self.agent_log, "rb") as f:
+                    for raw in f:
+                        self._keep(raw.decode(errors="replace"))
+            except OSError:
+                pass
         return "\n".join(self.agent_lines)
 
 

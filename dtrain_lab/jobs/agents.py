@@ -1,0 +1,198 @@
+"""Where a launch's torchrun agent comes from: a fresh ``python -m torch.distributed.run``, or a fork
+of an agent server that has imported torch once (:mod:`dtrain_lab.jobs._agent_server`).
+
+A process that launches many jobs (a notebook kernel, a test worker) pays ``import torch`` once, in
+its server, instead of once per launch, and its ranks find ``torch._dynamo`` imported (it is what
+the first ``torch.optim`` optimizer of every rank would import). The agent is the same torchrun with
+the same command line; only the process it was forked from differs.
+
+A launch uses a server only where that cannot change what the job does (:func:`served`): ranks
+forked from their agent (``start="fork"``, the CPU default), one node, and an environment that
+differs from the server's only in the course's own ``DTRAIN_*`` variables, which are read when the
+program runs. torch reads some variables when it is imported (``TORCH_DISTRIBUTED_DEBUG``, the C++
+log level, ``LOGLEVEL`` for torchrun's loggers): a launch that sets any other variable, or a process
+whose own environment changed since its server started, gets a server of its own (at most
+``MAX_SERVERS``), or else a fresh Python as before. ``DTRAIN_AGENT_SERVER=0`` turns servers off.
+
+A server belongs to the process that started it: it ends when that process ends (its stdin
+closes; running agents get ``SIGTERM``, as a fresh agent did from the kernel on the launcher's
+death), or after ten idle minutes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+SERVER_FILE = str(Path(__file__).with_name("_agent_server.py"))
+MAX_SERVERS = 2
+START_TIMEOUT_S = 120.0
+
+_lock = threading.Lock()
+_servers: dict[tuple, "_Server"] = {}
+
+
+class ServedAgent:
+    """The part of :class:`subprocess.Popen` the launcher uses, for an agent a server forked."""
+
+    stdout = None
+
+    def __init__(self, server: "_Server", pid: int):
+        self.server = server
+        self.pid = pid
+
+    @property
+    def returncode(self) -> int | None:
+        with self.server.cond:
+            return self.server.codes.get(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.server.cond:
+            if not self.server.cond.wait_for(lambda: self.pid in self.server.codes, timeout):
+                raise subprocess.TimeoutExpired(["torchrun"], timeout or 0.0)
+            return self.server.codes[self.pid]
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Server:
+    def __init__(self, env: dict[str, str]):
+        self.cond = threading.Condition()
+        self.codes: dict[int, int] = {}
+        self.replies: queue.Queue = queue.Queue()
+        self.request_lock = threading.Lock()
+        env = {**env, "DTRAIN_AGENT_ENV": "x" * 4096}   # last: see _agent_server._show_environment
+        self.proc = subprocess.Popen([sys.executable, SERVER_FILE], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/")
+        self.reader = threading.Thread(target=self._read, daemon=True, name="dtrain-agent-server")
+        self.reader.start()
+        first = self._reply(START_TIMEOUT_S)
+        if "ready" not in first:
+            self.close()
+            raise OSError(f"agent server did not start: {first}")
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "exit" in msg:
+                with self.cond:
+                    self.codes[int(msg["exit"])] = int(msg["code"])
+                    self.cond.notify_all()
+            else:
+                self.replies.put(msg)
+        # the server is gone: its agents got SIGTERM from the kernel (PR_SET_PDEATHSIG)
+        self.replies.put({"error": "agent server ended"})
+        with self.cond:
+            self.dead = True
+            self.cond.notify_all()
+
+    dead = False
+
+    def _reply(self, timeout: float) -> dict:
+        try:
+            return self.replies.get(timeout=timeout)
+        except queue.Empty:
+            return {"error": "no answer"}
+
+    def alive(self) -> bool:
+        return not self.dead and self.proc.poll() is None
+
+    def start(self, argv: list[str], env: dict[str, str], cwd: str, log: str) -> ServedAgent | None:
+        with self.request_lock:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write((json.dumps({"argv": argv, "env": env, "cwd": cwd, "log": log}) + "\n").encode())
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                return None
+            reply = self._reply(30.0)
+        if "pid" not in reply:
+            return None
+        return ServedAgent(self, int(reply["pid"]))
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def served(opts) -> bool:
+    """Whether a launch with these :class:`~dtrain_lab.jobs.options.LaunchOptions` may use a server."""
+    if os.environ.get("DTRAIN_AGENT_SERVER", "1").strip() == "0" or not sys.platform.startswith("linux"):
+        return False
+    return (opts.start == "fork" and opts.nnodes == 1 and not opts.debug
+            and all(str(k).startswith("DTRAIN_") for k in (opts.env or {})))
+
+
+def _key_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith("DTRAIN_")}
+
+
+def start(cmd: list[str], env: dict[str, str], log: Path) -> ServedAgent | None:
+    """Fork ``cmd`` (``[python, "-m", "torch.distributed.run", ...]``) from the server for ``env``,
+    starting the server first if needed. None where no server can be had: the caller starts a fresh
+    Python instead."""
+    if cmd[1:3] != ["-m", "torch.distributed.run"]:
+        return None
+    if sum(len(k) + len(v) + 2 for k, v in env.items() if k.startswith("DTRAIN_")) > 3500:
+        return None   # would not fit the slot in the server's environment block
+    base = _key_env(env)
+    key = tuple(sorted(base.items()))
+    with _lock:
+        server = _servers.get(key)
+        if server is not None and not server.alive():
+            del _servers[key]
+            server = None
+        if server is None:
+            for k, s in list(_servers.items()):
+                if not s.alive():
+                    del _servers[k]
+            if len(_servers) >= MAX_SERVERS:
+                return None
+            try:
+                server = _servers[key] = _Server(base)
+            except OSError:
+                return None
+    return server.start(cmd[3:], env, os.getcwd(), str(log))
+
+
+def shutdown() -> None:
+    """End this process's servers now (each stops any agent it still runs, as when this process ends)."""
+    with _lock:
+        servers = list(_servers.values())
+        _servers.clear()
+    for s in servers:
+        s.close()
+
+
+def server_pids() -> list[int]:
+    """The agent servers this process started and that still run (a test that counts the children
+    of its process leaves them out)."""
+    with _lock:
+        return [s.proc.pid for s in _servers.values() if s.alive()]
