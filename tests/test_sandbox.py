@@ -65,7 +65,9 @@ def run():
     rank = dist.get_rank()
     out = {
         "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "cap_eff": status("CapEff"),
-        "no_new_privs": status("NoNewPrivs"),
+        "no_new_privs": status("NoNewPrivs"), "cap_bnd": status("CapBnd"), "cap_prm": status("CapPrm"),
+        "shown_env": sorted(k.decode() for k, _, _ in (item.partition(b"=") for item in
+                                                       open("/proc/self/environ", "rb").read().split(b"\0")) if k),
         "cwd": os.getcwd(), "home": os.environ.get("HOME"), "env": sorted(os.environ),
         "root": sorted(os.listdir("/")), "grade": sorted(os.listdir("/grade")),
         "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
@@ -121,7 +123,9 @@ def test_inside_the_sandbox(mode, tmp_path, monkeypatch):
             for p in psutil.process_iter(["cmdline", "uids"]):
                 try:
                     cmd = p.info["cmdline"] or []
-                    if cmd[1:3] == ["-m", "dtrain_lab.grading.harness"] and str(tmp_path) not in " ".join(cmd):
+                    harness = cmd[1:3] == ["-m", "dtrain_lab.grading.harness"] or \
+                        p.name().startswith(runner.ZYGOTE_RANK_PREFIX)   # a rank the zygote started
+                    if harness and str(tmp_path) not in " ".join(cmd):
                         seen.setdefault("uids", set()).add(p.info["uids"].real)
                 except (psutil.Error, TypeError):
                     pass
@@ -138,6 +142,12 @@ def test_inside_the_sandbox(mode, tmp_path, monkeypatch):
         # no root, no capabilities, no way back to privileges
         assert out["uid"] == out["euid"] == sandbox.SANDBOX_UID and int(out["cap_eff"], 16) == 0, out
         assert out["userns"][0] != "ok", out["userns"]        # no nested user namespace for the submission
+        assert out["no_new_privs"] == "1" and int(out["cap_prm"], 16) == 0, out
+        # what the kernel shows of its environment (the job sweep reads it) is its own, nothing of the
+        # grader's: also for a rank forked from the zygote, which rewrites the block it inherited
+        # (Python itself adds LC_CTYPE to its copy when it coerces the C locale at start-up)
+        shown = set(out["shown_env"]) - {"DTRAIN_PAD"}
+        assert shown <= set(out["env"]) and set(out["env"]) - shown <= {"LC_CTYPE"}, set(out["shown_env"]) ^ set(out["env"])
         # a private working folder and HOME, small and private temporary space
         assert out["cwd"] == out["home"] == sandbox.HOME and out["home_write"][0] == "ok"
         assert out["file_limit"][0] == "OSError" and "File too large" in out["file_limit"][1]   # RLIMIT_FSIZE
@@ -171,6 +181,8 @@ def test_inside_the_sandbox(mode, tmp_path, monkeypatch):
         assert out["hostname"] == "sandbox"
     if os.geteuid() == 0:   # the grader is root: the ranks are not, on the host either
         assert seen.get("uids") == {sandbox.SANDBOX_UID}, seen
+    # with bubblewrap every rank entered its sandbox from the zygote (grading/zygote.py): no fallback here
+    assert res.zygote == (mode == "bwrap"), res.zygote_error
 
 
 @pytest.mark.timeout(300)
@@ -215,3 +227,19 @@ def test_job_folder_is_gone_after_the_run(tmp_path):
     # an exercise that does not ask for /shared gets no folder the ranks could pass data through
     out = json.loads(res.ranks[0].result)
     assert out["shared_fill"][0] == "FileNotFoundError", out["shared_fill"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not sandbox.probe("bwrap").ok, reason="the zygote enters bubblewrap sandboxes only")
+def test_where_entering_fails_the_ranks_start_as_fresh_processes(tmp_path, monkeypatch):
+    """The zygote is a saving, never a condition: a placeholder sandbox that cannot start makes the
+    supervisor fall back to a fresh python per rank (as before the zygote), and say why."""
+    monkeypatch.setattr(runner, "_PLACEHOLDER", ["/nonexistent/placeholder"])
+    res, _ = run_probe(tmp_path, mode="bwrap", shared=True)
+    assert res.ok and not res.zygote, [(r.code, r.stderr[-2000:]) for r in res.ranks]
+    assert "placeholder sandbox did not start" in res.zygote_error, res.zygote_error
+    monkeypatch.undo()
+    monkeypatch.setenv("DTRAIN_GRADE_ZYGOTE", "0")   # and the switch turns it off
+    (tmp_path / "off").mkdir()
+    res, _ = run_probe(tmp_path / "off", mode="bwrap", shared=True)
+    assert res.ok and not res.zygote and not res.zygote_error

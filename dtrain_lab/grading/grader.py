@@ -239,7 +239,7 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, sandboxed: bool) -> Ver
             limits=sandboxing.Limits(memory_gb=ex.memory_limit_gb), sandboxed=sandboxed, lang=lang, shared=ex.shared))
         elapsed += res.elapsed
         runs.append({"world_size": n, "elapsed": round(res.elapsed, 3), "sandboxed": res.sandboxed, "mode": res.mode,
-                     "job": Path(res.job_dir).name,
+                     "zygote": res.zygote, "job": Path(res.job_dir).name,
                      "to_first_start": None if res.to_first_start is None else round(res.to_first_start, 3),
                      "startup": None if res.startup is None else round(res.startup, 3)})
         v = _judge(ex, run, res, lang, title, scenario)

@@ -18,6 +18,7 @@ as plain processes; every process of it is still killed at the end, but nothing 
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -33,12 +34,13 @@ from typing import Any
 
 import psutil
 
-from dtrain_lab.grading import channel, sandbox, trace
+from dtrain_lab.grading import channel, sandbox, trace, zygote
 from dtrain_lab.jobs import _procs
 from dtrain_lab.jobs.diagnose import WaitSite, wait_site
 from dtrain_lab.jobs.options import prune_old
 
 SUPERVISOR = str(Path(__file__).resolve().parent / "supervisor.py")
+ZYGOTE_RANK_PREFIX = zygote.RANK_NAME.split("{")[0]
 RW_FILES = ("result", "trace", "events", "error", "stack")
 MAX_TRACE = 4 << 20
 MAX_EVENTS = 256 << 10
@@ -104,6 +106,8 @@ class JobResult:
     sandboxed: bool = True
     mode: str = "none"                     # "bwrap", "unshare" or "none"
     to_first_start: float | None = None   # seconds from launch until the first rank's harness ran
+    zygote: bool = False                  # every rank of the last attempt entered its sandbox from the zygote
+    zygote_error: str = ""                # why the supervisor fell back to a fresh python per rank
     job_dir: str = ""
 
 
@@ -145,6 +149,8 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
             hidden[str(target)] = sandbox.stub_module(job_dir / "hide", module)
     job_id = job_dir.name
     ranks = []
+    zygote = spec.sandboxed and mode == "bwrap" and use_zygote(spec.env)
+    zygote_ranks: list = []
     for r in range(spec.world_size):
         rdir = job_dir / f"rank{r}"
         rdir.mkdir(mode=0o755)
@@ -178,6 +184,12 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
             argv = sandbox.inner_argv(env=env, ro=ro, rw=rw, limits=spec.limits, command=command, etc=etc, mode=mode,
                                       root=root, shared=shared, share=spec.shared)
             env_for_supervisor = {"PATH": "/usr/bin:/bin"}
+            if zygote:   # the same sandbox around a placeholder, entered by the supervisor (grading/zygote.py)
+                placeholder = sandbox.inner_argv(env=env, ro=ro, rw=rw, limits=spec.limits, command=_PLACEHOLDER,
+                                                 etc=etc, mode=mode, root=root, shared=shared, share=spec.shared)
+                zygote_ranks.append({"placeholder": placeholder, "bwrap": sandbox.probe("bwrap").bwrap,
+                                     "home": sandbox.HOME, "module": command[2], "args": command[3:],
+                                     "env": {k: str(v) for k, v in env.items()}})
         else:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("DTRAIN_GRADE", "DTRAIN_HIDDEN"))}
             env.update({k: str(v) for k, v in base_env.items()})
@@ -189,10 +201,32 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
             argv, env_for_supervisor = command, env
         ranks.append({"argv": argv, "env": {k: str(v) for k, v in env_for_supervisor.items()},
                       "stdout": f"{adir_t}/stdout.log", "stderr": f"{adir_t}/stderr.log"})
+    for rank, z in zip(ranks, zygote_ranks):
+        rank["zygote"] = z
     return {"world": spec.world_size, "max_restarts": spec.max_restarts, "ranks": ranks,
+            **({"zygote": {"sys_path": _fresh_sys_path()}} if zygote else {}),
             "limits": spec.limits.rlimits(), "status": str(job_dir / "status.jsonl"),
             "port_base": 29500 if spec.sandboxed else 0, "mode": mode if spec.sandboxed else "none",
             "shared": str(shared), "shared_bytes": spec.limits.shared_mb << 20, "supervisor": SUPERVISOR}
+
+
+_PLACEHOLDER = [shutil.which("sleep") or "/usr/bin/sleep", "infinity"]
+
+
+def use_zygote(env: dict) -> bool:
+    """Whether the ranks may be started through the zygote (:mod:`dtrain_lab.grading.zygote`): not where
+    the job sets a variable torch could read when it is imported (the zygote imported it without), nor
+    with ``DTRAIN_GRADE_ZYGOTE=0``."""
+    return os.environ.get("DTRAIN_GRADE_ZYGOTE", "1").strip() != "0" and all(str(k).startswith("DTRAIN_") for k in env)
+
+
+@functools.lru_cache(maxsize=1)
+def _fresh_sys_path() -> list:
+    """``sys.path`` of a fresh ``python`` (after ``site``), without the working folder or ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    out = subprocess.run([sys.executable, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"],
+                         capture_output=True, text=True, env=env, cwd="/", timeout=60)
+    return [p for p in json.loads(out.stdout) if p and os.path.exists(p)]
 
 
 def _events(path: Path) -> dict:
@@ -233,9 +267,13 @@ def _rank_processes(root: psutil.Process) -> dict[int, psutil.Process]:
     for p in procs:
         try:
             cmd = p.cmdline()   # the sandbox's own processes carry the same words as arguments: skip them
-            if cmd[1:4] != ["-m", "dtrain_lab.grading.harness", "--rank"]:
+            name = p.name()
+            if cmd[1:4] == ["-m", "dtrain_lab.grading.harness", "--rank"]:
+                r = int(cmd[4])
+            elif name.startswith(ZYGOTE_RANK_PREFIX):    # a rank the zygote started (grading/zygote.py)
+                r = int(name[len(ZYGOTE_RANK_PREFIX):])
+            else:
                 continue
-            r = int(cmd[4])
             if r not in found or p.create_time() < found[r].create_time():
                 found[r] = p
         except (psutil.Error, ValueError, IndexError):
@@ -259,10 +297,13 @@ def run(spec: JobSpec) -> JobResult:
     (job_dir / "plan.json").write_text(json.dumps(plan))
     supervisor = [sys.executable, "-I", "-S", SUPERVISOR, str(job_dir / "plan.json")]
     cmd = sandbox.outer_argv(job_dir, spec.limits, supervisor, plan["mode"]) if spec.sandboxed else supervisor
+    # in zygote mode the ranks are forks of the supervisor: it gets no variable of the grader's, only the
+    # slot its ranks' environments are written into (zygote._show_environment)
+    env = {zygote.SLOT: "x" * zygote.SLOT_BYTES} if "zygote" in plan else None
     res = JobResult(world_size=spec.world_size, sandboxed=spec.sandboxed, job_dir=str(job_dir), mode=plan["mode"])
     t0, wall0 = time.monotonic(), time.time()
     with open(job_dir / "supervisor.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, preexec_fn=_procs.set_parent_death_signal)
     ready_at, attempt, t_attempt = None, 0, t0
     try:
@@ -322,6 +363,9 @@ def _collect(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> None
     res.attempts = 1 + max([s["attempt"] for s in status if s.get("event") == "attempt"], default=0)
     last = res.attempts - 1
     exits = {s["rank"]: s for s in status if s.get("event") == "exit" and s.get("attempt") == last}
+    entered = {s["rank"] for s in status if s.get("event") == "zygote" and s.get("ok") and s.get("attempt") == last}
+    res.zygote = entered == set(range(spec.world_size))
+    res.zygote_error = next((s.get("error", "") for s in status if s.get("event") == "zygote" and not s.get("ok")), "")
     res.ok = not res.hung and any(s.get("event") == "end" and s.get("ok") for s in status)
     lim = spec.limits.log_bytes
     starts = []

@@ -18,6 +18,10 @@ One job (one exercise at one world size) is two levels of `bubblewrap <https://g
   submissions, not results, not ``~/.ssh``. The ranks share only the outer network namespace (they
   talk over loopback, as ``torch.distributed`` does) and ``/shared``.
 
+With bubblewrap, the rank process *enters* its inner sandbox from a fork of the supervisor that has
+imported torch (:mod:`dtrain_lab.grading.zygote`): bubblewrap builds the sandbox, unchanged, around a
+placeholder command; the properties above are the same (``tests/test_sandbox.py`` checks them).
+
 Limits (:class:`Limits`) are rlimits set on every rank process (memory, CPU time, file size,
 processes, open files, no core dumps) plus tmpfs sizes: the bytes a rank can write are bounded by
 its tmpfs sizes, ``/shared`` and ``FSIZE`` per file it was given; its output is cut at ``FSIZE`` by

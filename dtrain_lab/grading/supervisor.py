@@ -1,4 +1,6 @@
-"""Starts the ranks of one graded job and restarts them as torchrun would; standard library only.
+"""Starts the ranks of one graded job and restarts them as torchrun would; standard library only,
+except in zygote mode (``plan["zygote"]``, bubblewrap), where it imports torch once and starts every rank
+by entering the rank's sandbox from a fork of itself (:mod:`dtrain_lab.grading.zygote`).
 
 Run by the grader as ``python -I -S supervisor.py PLAN.json``, inside the job's outer sandbox (the
 network namespace the ranks share, only loopback in it) or, with ``--no-sandbox``, directly. It is
@@ -77,9 +79,56 @@ def _on_term(signum, frame):
     os._exit(0)
 
 
+_zygote = None   # the zygote module, once torch is imported (see _load_zygote)
+
+
+def _load_zygote(plan, status):
+    """Zygote mode (plan["zygote"], bubblewrap only): import torch once, here, and start every rank by
+    entering its sandbox (dtrain_lab/grading/zygote.py). Nothing of the course is imported."""
+    global _zygote
+    z = plan.get("zygote")
+    if not z:
+        return
+    try:
+        import importlib.util   # by path: python -I leaves this file's folder off sys.path
+
+        where = importlib.util.spec_from_file_location("zygote", os.path.join(os.path.dirname(__file__), "zygote.py"))
+        zygote = importlib.util.module_from_spec(where)
+        where.loader.exec_module(zygote)
+        zygote.prepare()
+        if not zygote.usable():
+            raise OSError("no environment slot")
+        sys.path[:] = list(z["sys_path"])
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
+        _zygote = zygote
+    except Exception as exc:  # noqa: BLE001
+        _status(status, event="zygote", ok=False, error=f"{type(exc).__name__}: {exc}"[:500])
+
+
+def _start_zygote(plan, rank, fill, status, attempt, r):
+    """A rank through the zygote, or None after recording why not (the caller starts it as before;
+    later ranks too)."""
+    global _zygote
+    z = rank["zygote"]
+    spec = {"placeholder": [fill(a) for a in z["placeholder"]], "bwrap": z["bwrap"], "home": z["home"], "module": z["module"],
+            "args": [fill(a) for a in z["args"]], "sys_path": plan["zygote"]["sys_path"], "rank": r}
+    try:
+        p = _zygote.start(spec, {k: fill(v) for k, v in z["env"].items()}, plan["limits"],
+                          rank["stdout"].replace("{attempt}", str(attempt)),
+                          rank["stderr"].replace("{attempt}", str(attempt)))
+    except OSError as exc:
+        _zygote = None
+        _status(status, event="zygote", ok=False, rank=r, error=str(exc)[:500])
+        return None
+    _status(status, event="zygote", ok=True, rank=r, attempt=attempt)
+    return p
+
+
 def run(plan):
     status = plan["status"]
     world = plan["world"]
+    _load_zygote(plan, status)
     for attempt in range(plan["max_restarts"] + 1):
         port = plan.get("port_base", 0) + attempt if plan.get("port_base") else _free_port()
         _status(status, event="attempt", attempt=attempt, port=port)
@@ -91,12 +140,14 @@ def run(plan):
 
             env = {k: fill(v) for k, v in rank["env"].items()}
             argv = [fill(a) for a in rank["argv"]]
-            out = open(rank["stdout"].replace("{attempt}", str(attempt)), "ab")
-            err = open(rank["stderr"].replace("{attempt}", str(attempt)), "ab")
-            p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                 close_fds=True, preexec_fn=_preexec(plan["limits"], plan.get("user")))
-            out.close()
-            err.close()
+            p = _start_zygote(plan, rank, fill, status, attempt, r) if _zygote else None
+            if p is None:
+                out = open(rank["stdout"].replace("{attempt}", str(attempt)), "ab")
+                err = open(rank["stderr"].replace("{attempt}", str(attempt)), "ab")
+                p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                     close_fds=True, preexec_fn=_preexec(plan["limits"], plan.get("user")))
+                out.close()
+                err.close()
             _children.append(p)
             procs[r] = p
         failed = False

@@ -1,0 +1,371 @@
+"""Start a rank without a second ``import torch``: enter the rank's bubblewrap sandbox from a process
+that has imported torch once. Standard library and ctypes only; loaded by the supervisor.
+
+Every rank of a graded job used to be a fresh ``python`` in its own bubblewrap sandbox, and about
+1.4 s of its CPU went to ``import torch``. With the zygote, the supervisor (trusted, in the job's
+outer sandbox, with nothing of the course imported) imports torch once per job; for each rank
+
+1. bubblewrap builds the rank's inner sandbox exactly as before (:func:`sandbox.inner_argv`: the same
+   namespaces, mounts, uid 65534, ``--disable-userns``), around a placeholder command that only waits;
+2. a forked child of the supervisor enters that sandbox the way ``nsenter`` or ``runc exec`` enter a
+   container (:func:`_enter`): it leaves host privileges first (root: uid and gid 65534, no groups),
+   joins the user namespace that owns the sandbox's namespaces (its creator may), then the IPC, UTS,
+   cgroup, mount and PID namespaces, then the rank's own nested user namespace, takes the sandbox's
+   root as its root (``chroot``), becomes uid/gid 65534 inside, drops every capability (bounding,
+   ambient, effective, permitted, inheritable) and sets ``no_new_privs``;
+3. that child forks the rank, the first process of it inside the sandbox's PID namespace, which
+   runs ``python -m dtrain_lab.grading.harness --rank R`` in-process (:func:`_run_rank`): a fresh
+   ``__main__``, the rank's environment, ``sys.path``, working folder, resource limits, its own
+   session, unbuffered output into its log files, and no file descriptor of the supervisor;
+4. the child waits for the rank and ends as it ended (``128 + signal`` if killed, as bubblewrap
+   reports it), and the placeholder sandbox is killed with it: its PID namespace, and everything the
+   rank forked, ends.
+
+What the rank has that a fresh process would not: the supervisor's memory, which holds torch and the
+job's plan (paths and environments of this job's ranks: nothing of other submissions, no reference or
+check). Its ``/proc/self/environ`` is rewritten in place to the rank's environment (the supervisor
+starts with one placeholder variable, :data:`SLOT`), so that every process of the job is found by
+``DTRAIN_JOB_ID`` as before. Where entering fails (a setuid bubblewrap, a kernel that refuses), the
+supervisor falls back to the fresh ``python`` of before, and records why in ``status.jsonl``.
+"""
+import ctypes
+import fcntl
+import io
+import json
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+
+SLOT = "DTRAIN_ZYGOTE_ENV"
+SLOT_BYTES = 16384
+UID = 65534
+RANK_NAME = "harness-rank-{rank}"     # the rank's process name (comm), how the grader finds it for its stack
+
+_NEWNS, _NEWCGROUP, _NEWUTS, _NEWIPC, _NEWUSER, _NEWPID = 0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000
+_NS = (("ipc", _NEWIPC), ("uts", _NEWUTS), ("cgroup", _NEWCGROUP), ("mnt", _NEWNS), ("pid", _NEWPID))
+_NS_GET_USERNS = 0xB701
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NAME = 1, 4, 15
+_PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_slot = [0, 0]
+
+
+class EnterError(OSError):
+    pass
+
+
+def _ok(result: int, what: str) -> None:
+    if result == -1:
+        err = ctypes.get_errno()
+        raise EnterError(err, f"{what}: {os.strerror(err)}")
+
+
+def _prctl(option: int, arg: int = 0) -> None:
+    _ok(_libc.prctl(option, arg, 0, 0, 0), f"prctl({option})")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def prepare() -> None:
+    """In the supervisor, before anything else: the environment block the kernel shows as
+    ``/proc/PID/environ`` (``env_start`` and ``env_end`` of ``/proc/self/stat``), if the placeholder
+    variable is in it (then the block is large enough to hold a rank's environment)."""
+    _libc.getenv.restype = ctypes.c_void_p
+    value = _libc.getenv(SLOT.encode())
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])   # fields 50 and 51 of proc(5)
+    if value and start <= value < end:
+        _slot[:] = [start, end - start]
+
+
+def usable() -> bool:
+    return bool(_slot[0])
+
+
+def _show_environment(env: dict) -> None:
+    """Write the rank's environment over the block the supervisor was exec'd with, padded to its
+    size: ``/proc/self/environ`` then lists what a fresh process would (and one ``DTRAIN_PAD``)."""
+    address, size = _slot
+    block = "".join(f"{k}={v}\0" for k, v in env.items()).encode()
+    pad = b"DTRAIN_PAD="
+    if not address or len(block) + len(pad) + 1 > size:
+        raise EnterError(0, "the rank's environment does not fit the supervisor's environment block")
+    ctypes.memmove(address, block + pad + b"x" * (size - len(block) - len(pad) - 1) + b"\0", size)
+
+
+# ------------------------------------------------------------------ the placeholder sandbox
+def start_placeholder(argv: list, bwrap: str, timeout: float = 30.0):
+    """Start ``argv`` (bubblewrap, maybe behind setpriv) with ``--info-fd``; return the Popen and the
+    pid of the sandbox's first process once the sandbox is complete (its command was started)."""
+    info_r, info_w = os.pipe()
+    i = argv.index(bwrap)
+    argv = argv[:i + 1] + ["--info-fd", str(info_w)] + argv[i + 1:]
+    proc = subprocess.Popen(argv, pass_fds=(info_w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    os.close(info_w)
+    data, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([info_r], [], [], 0.5)
+            if ready:
+                chunk = os.read(info_r, 4096)
+                data += chunk
+                try:
+                    init = int(json.loads(data)["child-pid"])
+                    break
+                except (ValueError, KeyError):
+                    if not chunk:
+                        raise EnterError(0, "bubblewrap: " + proc.stderr.read(2000).decode(errors="replace")) from None
+            elif proc.poll() is not None:
+                raise EnterError(0, "bubblewrap: " + proc.stderr.read(2000).decode(errors="replace"))
+        else:
+            raise EnterError(0, "bubblewrap gave no child pid")
+    finally:
+        os.close(info_r)
+    while time.monotonic() < deadline:   # the command starts once the sandbox is built
+        try:
+            with open(f"/proc/{init}/task/{init}/children") as f:
+                if f.read().split():
+                    return proc, init
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.005)
+    detail = proc.stderr.read(2000).decode(errors="replace") if proc.poll() is not None else "time-out"
+    stop_placeholder(proc)
+    raise EnterError(0, f"the placeholder sandbox did not start: {detail}")
+
+
+def stop_placeholder(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        proc.kill()
+        proc.wait(timeout=5)
+    except Exception:  # noqa: BLE001
+        pass
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+# ------------------------------------------------------------------ entering
+def _open_target(pid: int) -> dict:
+    fds = {name: os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC) for name, _ in _NS}
+    fds["user"] = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    fds["root"] = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    # bubblewrap nests the command's user namespace (--uid, --disable-userns) inside the one that owns
+    # the mount, PID, IPC and UTS namespaces: that owner is entered first
+    fds["owner"] = fcntl.ioctl(fds["mnt"], _NS_GET_USERNS)
+    return fds
+
+
+def _enter(fds: dict, home: str, last_cap: int) -> None:
+    """The syscalls of step 2 of the module docstring (in a single-threaded forked child)."""
+    if os.geteuid() == 0:   # never hold host root's capabilities while entering
+        os.setgroups([])
+        os.setresgid(UID, UID, UID)
+        os.setresuid(UID, UID, UID)
+    _ok(_libc.setns(fds["owner"], _NEWUSER), "setns(user, owner)")
+    for name, flag in _NS:
+        _ok(_libc.setns(fds[name], flag), f"setns({name})")
+    if os.fstat(fds["owner"]).st_ino != os.fstat(fds["user"]).st_ino:
+        _ok(_libc.setns(fds["user"], _NEWUSER), "setns(user)")
+    os.fchdir(fds["root"])
+    os.chroot(".")
+    os.chdir(home)
+    os.setresgid(UID, UID, UID)
+    os.setresuid(UID, UID, UID)
+    for cap in range(last_cap + 1):
+        _prctl(_PR_CAPBSET_DROP, cap)
+    _ok(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
+    header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()
+    _ok(_libc.capset(ctypes.byref(header), data), "capset")
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    for fd in fds.values():
+        os.close(fd)
+
+
+def _unbuffered(fd: int, errors: str):
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors=errors,
+                            line_buffering=True, write_through=True)
+
+
+def _run_rank(rank: dict, env: dict, limits: dict, out: int, err: int) -> None:
+    """In the rank (step 3). Never returns."""
+    import atexit
+    import runpy
+    import types
+
+    code = 1
+    try:
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.closerange(3, 1 << 16)
+        sys.stdout, sys.stderr = _unbuffered(1, "strict"), _unbuffered(2, "backslashreplace")
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.setsid()
+        _prctl(_PR_SET_DUMPABLE, 1)   # as a fresh process: credential changes cleared it
+        name = ctypes.create_string_buffer(RANK_NAME.format(rank=rank["rank"]).encode()[:15])
+        _prctl(_PR_SET_NAME, ctypes.cast(name, ctypes.c_void_p).value)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for key, value in limits.items():
+            resource.setrlimit(getattr(resource, "RLIMIT_" + key), (value, value))
+        os.environ.clear()
+        os.environ.update(env)
+        _show_environment(env)
+        if not any(env.get(k) for k in ("LC_ALL", "LC_CTYPE", "LANG")):
+            os.environ["LC_CTYPE"] = "C.UTF-8"   # what a fresh Python adds when it coerces the C locale (PEP 538)
+        sys.stdin = open(0, closefd=False)
+        sys.dont_write_bytecode = True
+        sys.path[:] = [os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + rank["sys_path"]
+        sys.argv = ["-m", *rank["args"]]
+        atexit._clear()
+        import site   # the builtins a fresh python gets from site (the supervisor runs with -S): exit(), quit(), help()
+        site.setquit()
+        site.sethelper()
+        site.setcopyright()
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        for mod in [m for m in sys.modules if m == "supervisor" or m == "zygote"]:
+            del sys.modules[mod]
+        torch = sys.modules.get("torch")
+        if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        runpy._run_module_as_main(rank["module"], alter_argv=True)  # type: ignore[attr-defined]
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - as the interpreter prints an uncaught exception
+        try:
+            sys.excepthook(*sys.exc_info())
+        except BaseException:  # noqa: BLE001
+            pass
+        code = 1
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None and hasattr(threading, "_shutdown"):
+            threading._shutdown()
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(code & 0xFF)
+
+
+class RankProcess:
+    """One rank started through the zygote: the entering child (whose exit status is the rank's) and
+    the placeholder sandbox; the part of :class:`subprocess.Popen` the supervisor uses."""
+
+    def __init__(self, pid: int, placeholder):
+        self.pid = pid
+        self.placeholder = placeholder
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                stop_placeholder(self.placeholder)
+        return self.returncode
+
+    def kill(self):
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        stop_placeholder(self.placeholder)
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("rank", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+
+def start(rank: dict, env: dict, limits: dict, out_path: str, err_path: str) -> RankProcess:
+    """Build the rank's sandbox around a placeholder, enter it, start the rank. Raises
+    :class:`EnterError` (nothing of the rank ran) where this machine does not allow it."""
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last_cap = int(f.read())
+    placeholder, init = start_placeholder(rank["placeholder"], rank["bwrap"])
+    try:
+        fds = _open_target(init)
+    except OSError as exc:
+        stop_placeholder(placeholder)
+        raise EnterError(exc.errno or 0, f"open the sandbox's namespaces: {exc}") from None
+    out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    ctl_r, ctl_w = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:   # the entering child
+        try:
+            os.close(ctl_r)
+            os.setsid()   # the supervisor kills the rank with killpg(pid), as it killed bubblewrap
+            _enter(fds, rank["home"], last_cap)
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)   # after the credential changes, which clear it
+            if os.getppid() != parent:
+                os._exit(125)
+            child = os.fork()
+            if child == 0:
+                os.close(ctl_w)
+                _run_rank(rank, env, limits, out, err)
+            os.write(ctl_w, b"ok")
+            os.close(ctl_w)
+            os.close(out)
+            os.close(err)
+            code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+            os._exit(128 - code if code < 0 else code & 0xFF)
+        except BaseException as exc:  # noqa: BLE001 - told to the supervisor, which falls back
+            try:
+                os.write(ctl_w, f"{type(exc).__name__}: {exc}"[:2000].encode(errors="replace"))
+            finally:
+                os._exit(125)
+    os.close(ctl_w)
+    os.close(out)
+    os.close(err)
+    for fd in fds.values():
+        os.close(fd)
+    answer = b""
+    while True:
+        chunk = os.read(ctl_r, 4096)
+        if not chunk:
+            break
+        answer += chunk
+    os.close(ctl_r)
+    proc = RankProcess(pid, placeholder)
+    if answer != b"ok":
+        proc.kill()
+        proc.wait()
+        raise EnterError(0, answer.decode(errors="replace") or "the entering child ended")
+    return proc
