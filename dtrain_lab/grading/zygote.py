@@ -108,8 +108,9 @@ def _show_environment(env: dict) -> None:
 
 # ------------------------------------------------------------------ the placeholder sandbox
 def start_placeholder(argv: list, bwrap: str, timeout: float = 30.0):
-    """Start ``argv`` (bubblewrap, maybe behind setpriv) with ``--info-fd``; return the Popen and the
-    pid of the sandbox's first process once the sandbox is complete (its command was started)."""
+    """Start ``argv`` (bubblewrap, maybe behind setpriv) with ``--info-fd``; return the Popen, the pid
+    of the sandbox's first process once the sandbox is complete (its command was started), and what
+    bubblewrap said of it (its namespaces' numbers)."""
     info_r, info_w = os.pipe()
     i = argv.index(bwrap)
     argv = argv[:i + 1] + ["--info-fd", str(info_w)] + argv[i + 1:]
@@ -124,7 +125,8 @@ def start_placeholder(argv: list, bwrap: str, timeout: float = 30.0):
                 chunk = os.read(info_r, 4096)
                 data += chunk
                 try:
-                    init = int(json.loads(data)["child-pid"])
+                    info = json.loads(data)
+                    init = int(info["child-pid"])
                     break
                 except (ValueError, KeyError):
                     if not chunk:
@@ -135,11 +137,15 @@ def start_placeholder(argv: list, bwrap: str, timeout: float = 30.0):
             raise EnterError(0, "bubblewrap gave no child pid")
     finally:
         os.close(info_r)
-    while time.monotonic() < deadline:   # the command starts once the sandbox is built
+    command = "\0".join(argv[-2:]).encode()   # the placeholder: [sleep, infinity]
+    while time.monotonic() < deadline:   # complete once the placeholder command was exec'd in it
         try:
             with open(f"/proc/{init}/task/{init}/children") as f:
-                if f.read().split():
-                    return proc, init
+                children = f.read().split()
+            for child in children:
+                with open(f"/proc/{child}/cmdline", "rb") as f:
+                    if f.read().startswith(command):
+                        return proc, init, info
         except OSError:
             pass
         if proc.poll() is not None:
@@ -317,9 +323,12 @@ def start(rank: dict, env: dict, limits: dict, out_path: str, err_path: str) -> 
     :class:`EnterError` (nothing of the rank ran) where this machine does not allow it."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
         last_cap = int(f.read())
-    placeholder, init = start_placeholder(rank["placeholder"], rank["bwrap"])
+    placeholder, init, info = start_placeholder(rank["placeholder"], rank["bwrap"])
     try:
         fds = _open_target(init)
+        for name in ("mnt", "pid", "ipc", "uts"):   # the pid was not reused: these are the sandbox bwrap built
+            if f"{name}-namespace" in info and os.fstat(fds[name]).st_ino != int(info[f"{name}-namespace"]):
+                raise EnterError(0, f"{name} namespace of pid {init} is not the sandbox's")
     except OSError as exc:
         stop_placeholder(placeholder)
         raise EnterError(exc.errno or 0, f"open the sandbox's namespaces: {exc}") from None

@@ -99,6 +99,9 @@ class _Server:
                     self.codes[int(msg["exit"])] = int(msg["code"])
                     self.cond.notify_all()
             else:
+                if "pid" in msg:   # a new agent: forget an earlier one's exit under the same (recycled) pid
+                    with self.cond:
+                        self.codes.pop(int(msg["pid"]), None)
                 self.replies.put(msg)
         # the server is gone: its agents got SIGTERM from the kernel (PR_SET_PDEATHSIG)
         self.replies.put({"error": "agent server ended"})
