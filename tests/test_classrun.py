@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT
 from dtrain_lab import authoring
-from dtrain_lab.grading import classrun, gradebook, intake, registry
+from dtrain_lab.grading import classrun, gradebook, intake, registry, supervisors
 from dtrain_lab.jobs import agents
 
 BOM = b"\xef\xbb\xbf"
@@ -225,8 +225,9 @@ def test_a_worker_over_its_budget_is_stopped_and_reported(tmp_path, monkeypatch)
     results = classrun.run_class(folder, jobs=1, lang="en")
     (v,) = results["submissions"][0]["verdicts"]
     assert v["outcome"] == "error" and v["score"] == 0 and "did not finish" in v["feedback"], v
-    # this test worker's agent server (dtrain_lab.jobs.agents), if a launch test ran here before, is not the class run's
-    servers = set(agents.server_pids())
+    # this test worker's agent server (dtrain_lab.jobs.agents) and supervisor server (grading.supervisors),
+    # if a launch or a grade ran here before, are not the class run's
+    servers = set(agents.server_pids()) | {supervisors.server_pid()}
     assert not [c for c in psutil.Process().children(recursive=True) if c.pid not in servers]
 
 

@@ -4,6 +4,7 @@ reports what it can see and do; the test compares with what the sandbox promises
 where this machine cannot build the sandbox (no bubblewrap, or user namespaces not allowed)."""
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -183,6 +184,8 @@ def test_inside_the_sandbox(mode, tmp_path, monkeypatch):
         assert seen.get("uids") == {sandbox.SANDBOX_UID}, seen
     # with bubblewrap every rank entered its sandbox from the zygote (grading/zygote.py): no fallback here
     assert res.zygote == (mode == "bwrap"), res.zygote_error
+    # ... and its supervisor was forked into the job's outer sandbox by the supervisor server
+    assert res.served == (mode == "bwrap")
 
 
 @pytest.mark.timeout(300)
@@ -236,10 +239,39 @@ def test_where_entering_fails_the_ranks_start_as_fresh_processes(tmp_path, monke
     supervisor fall back to a fresh python per rank (as before the zygote), and say why."""
     monkeypatch.setattr(runner, "_PLACEHOLDER", ["/nonexistent/placeholder"])
     res, _ = run_probe(tmp_path, mode="bwrap", shared=True)
-    assert res.ok and not res.zygote, [(r.code, r.stderr[-2000:]) for r in res.ranks]
+    assert res.ok and not res.zygote and not res.served, [(r.code, r.stderr[-2000:]) for r in res.ranks]
     assert "placeholder sandbox did not start" in res.zygote_error, res.zygote_error
     monkeypatch.undo()
     monkeypatch.setenv("DTRAIN_GRADE_ZYGOTE", "0")   # and the switch turns it off
     (tmp_path / "off").mkdir()
     res, _ = run_probe(tmp_path / "off", mode="bwrap", shared=True)
     assert res.ok and not res.zygote and not res.zygote_error
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sandbox.probe("bwrap").ok, reason="the supervisor server serves bubblewrap jobs only")
+def test_the_supervisor_server_ends_with_the_grader(tmp_path):
+    """A grader that dies without any cleanup leaves no supervisor server (dtrain_lab.grading.supervisors)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def run():\n    return 1\n")
+    code = (f"import time\nfrom pathlib import Path\nfrom dtrain_lab.grading import runner, channel, supervisors\n"
+            f"spec = runner.JobSpec(exercise='test.probe', entry='run', submission=Path({str(probe)!r}), world_size=2, "
+            f"inputs=[channel.encode(0)] * 2, timeout=60)\nres = runner.run(spec)\n"
+            f"print(res.ok, res.served, supervisors.server_pid(), flush=True)\ntime.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+    ok, served, pid = proc.stdout.readline().split()
+    assert ok == "True" and served == "True", (ok, served)
+    server = psutil.Process(int(pid))
+    assert server.ppid() == proc.pid
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if server.status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the supervisor server outlived the grader")

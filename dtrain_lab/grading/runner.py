@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from dtrain_lab.grading import channel, sandbox, trace, zygote
+from dtrain_lab.grading import channel, sandbox, supervisors, trace, zygote
 from dtrain_lab.jobs import _procs
 from dtrain_lab.jobs.diagnose import WaitSite, wait_site
 from dtrain_lab.jobs.options import prune_old
@@ -108,6 +108,7 @@ class JobResult:
     to_first_start: float | None = None   # seconds from launch until the first rank's harness ran
     zygote: bool = False                  # every rank of the last attempt entered its sandbox from the zygote
     zygote_error: str = ""                # why the supervisor fell back to a fresh python per rank
+    served: bool = False                  # the supervisor was forked by the supervisor server (grading/supervisors.py)
     job_dir: str = ""
 
 
@@ -281,7 +282,21 @@ def _rank_processes(root: psutil.Process) -> dict[int, psutil.Process]:
     return found
 
 
-def _kill(proc: subprocess.Popen, job_id: str, since: float) -> None:
+def _served_supervisor(spec: JobSpec, job_dir: Path, plan: dict):
+    """The job's supervisor forked by this process's supervisor server into the job's outer sandbox
+    (:mod:`dtrain_lab.grading.supervisors`), or None: then it starts as a fresh python, as before."""
+    outer = sandbox.outer_argv(job_dir, spec.limits, _PLACEHOLDER, "bwrap")
+    proc = supervisors.start(outer, sandbox.probe("bwrap").bwrap, str(job_dir / "plan.json"),
+                             str(job_dir / "supervisor.log"), plan["zygote"]["sys_path"])
+    if proc is not None and not supervisors.entered(proc, job_dir / "status.jsonl"):
+        proc.kill()   # it could not enter: nothing of the job ran
+        return None
+    return proc
+
+
+def _kill(proc, job_id: str, since: float) -> None:
+    if isinstance(proc, supervisors.ServedSupervisor):
+        proc.kill()
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
@@ -302,9 +317,12 @@ def run(spec: JobSpec) -> JobResult:
     env = {zygote.SLOT: "x" * zygote.SLOT_BYTES} if "zygote" in plan else None
     res = JobResult(world_size=spec.world_size, sandboxed=spec.sandboxed, job_dir=str(job_dir), mode=plan["mode"])
     t0, wall0 = time.monotonic(), time.time()
-    with open(job_dir / "supervisor.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, preexec_fn=_procs.set_parent_death_signal)
+    proc = _served_supervisor(spec, job_dir, plan) if "zygote" in plan else None
+    res.served = proc is not None
+    if proc is None:
+        with open(job_dir / "supervisor.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True, preexec_fn=_procs.set_parent_death_signal)
     ready_at, attempt, t_attempt = None, 0, t0
     try:
         while proc.poll() is None:

@@ -87,7 +87,7 @@ def _load_zygote(plan, status):
     entering its sandbox (dtrain_lab/grading/zygote.py). Nothing of the course is imported."""
     global _zygote
     z = plan.get("zygote")
-    if not z:
+    if not z or _zygote is not None:   # the supervisor server set it: torch is imported already
         return
     try:
         import importlib.util   # by path: python -I leaves this file's folder off sys.path
@@ -182,8 +182,12 @@ def run(plan):
     return 1
 
 
-if __name__ == "__main__":
+def main(plan_path: str) -> None:
     signal.signal(signal.SIGTERM, _on_term)
-    with open(sys.argv[1]) as f:
+    with open(plan_path) as f:
         code = run(json.load(f))
     os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
