@@ -53,6 +53,20 @@ def processes_with_tag(tag: str) -> list[psutil.Process]:
     return found
 
 
+def ended(process: psutil.Process, within: float) -> bool:
+    """Whether ``process`` is gone (or a zombie: its parent died, and it waits to be reaped) within
+    ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def assert_no_survivors(tag: str, grace: float = 3.0) -> None:
     deadline = time.monotonic() + grace
     while True:

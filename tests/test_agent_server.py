@@ -4,13 +4,12 @@ cannot change what the job does, and ends with the process that started it."""
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import WORKERS
+from conftest import WORKERS, ended
 from dtrain_lab.jobs import agents
 from dtrain_lab.jobs.options import LaunchOptions
 
@@ -97,13 +96,4 @@ def test_the_server_ends_with_the_process_that_started_it():
     assert server.ppid() == proc.pid
     proc.kill()   # the kernel dies without any cleanup
     proc.wait()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if server.status() == psutil.STATUS_ZOMBIE:
-                break
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail("the agent server outlived the process that started it")
+    assert ended(server, 20), "the agent server outlived the process that started it"

@@ -10,32 +10,25 @@ as ``python -m torch.distributed.run ARGS`` would (``runpy._run_module_as_main``
 working folder and output file, and default signal handlers. torchrun then forks the ranks from that
 agent (``--start-method fork``), so they have torch and ``torch._dynamo`` imported too.
 
-Protocol, one JSON object per line: the client writes ``{"argv", "env", "cwd", "log"}`` on stdin; this
-program answers ``{"pid": N}`` (or ``{"error": text}``) and, when that agent ends,
-``{"exit": N, "code": C}`` (``C`` as :attr:`subprocess.Popen.returncode`: ``-S`` if killed by signal S).
-
-It ends when its stdin closes (the launching process ended: every agent still running gets SIGTERM,
-what the kernel sent before when a launcher died; see ``_procs.set_parent_death_signal``), or after
-``IDLE_S`` seconds without an agent. Every agent also gets ``SIGTERM`` if this process dies.
+The loop and its protocol are :mod:`dtrain_lab.jobs._forkserve`'s; a request is ``{"argv", "env",
+"cwd", "log"}``. On its client's end (its stdin closes) every agent still running gets SIGTERM, what
+the kernel sent a fresh agent when a launcher died (``_procs.set_parent_death_signal``); it also ends
+after ``IDLE_S`` idle seconds. Every agent gets ``SIGTERM`` if this process dies.
 """
 import ctypes
-import json
 import os
 import runpy
-import select
 import signal
 import sys
 import traceback
+
+import _forkserve   # this file's folder is sys.path[0]
 
 IDLE_S = 600.0
 SLOT = "DTRAIN_AGENT_ENV"   # the server's last variable: room for one launch's DTRAIN_* variables
 SLOT_BYTES = 4096
 _slot = [0, 0]              # address and size of "SLOT=..." in this process's original environment block
 _BASE_PATH = sys.path[1:]   # sys.path[0] is this file's folder; an agent gets its own working folder there
-
-
-def _write(obj) -> None:
-    os.write(1, (json.dumps(obj) + "\n").encode())
 
 
 def _find_slot() -> None:
@@ -66,23 +59,10 @@ def _agent(request: dict, server: int) -> None:
     """In the forked child: become ``python -m torch.distributed.run ARGV``. Never returns."""
     code = 1
     try:
-        os.setsid()
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-        if os.getppid() != server:
-            os._exit(1)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        _forkserve.detach(server, signal.SIGTERM, request["log"])   # torchrun stops its workers on SIGTERM
+        for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.closerange(3, 65536)   # the server's pipes are not the agent's
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -93,13 +73,7 @@ def _agent(request: dict, server: int) -> None:
         runpy._run_module_as_main("torch.distributed.run", alter_argv=True)  # type: ignore[attr-defined]
         code = 0
     except SystemExit as exc:
-        if exc.code is None:
-            code = 0
-        elif isinstance(exc.code, int):
-            code = exc.code
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
+        code = _forkserve.exit_code(exc)
     except BaseException:  # noqa: BLE001 - printed as at top level, like torchrun's own traceback
         try:
             sys.excepthook(*sys.exc_info())
@@ -107,20 +81,7 @@ def _agent(request: dict, server: int) -> None:
             traceback.print_exc()
         code = 1
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
-        os._exit(code & 0xFF)
-
-
-def _stop_all(agents: set) -> None:
-    for pid in agents:
-        try:
-            os.killpg(pid, signal.SIGTERM)   # torchrun stops its workers on SIGTERM
-        except OSError:
-            pass
+        _forkserve.flush_exit(code)
 
 
 def main() -> None:
@@ -129,57 +90,8 @@ def main() -> None:
     import torch.distributed.run  # noqa: F401
 
     _find_slot()
-    server = os.getpid()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGTERM, lambda *_: (_stop_all(agents), os._exit(0)))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C in a terminal is the launcher's to handle
-    agents: set = set()
-    pending = b""
-    idle = 0.0
-    _write({"ready": server})
-    while True:
-        ready, _, _ = select.select([0, wake_r], [], [], 1.0)
-        if wake_r in ready:
-            try:
-                while os.read(wake_r, 512):
-                    pass
-            except BlockingIOError:
-                pass
-        while agents:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            agents.discard(pid)
-            _write({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-        if 0 in ready:
-            data = os.read(0, 1 << 16)
-            if not data:   # the launching process is gone
-                _stop_all(agents)
-                os._exit(0)
-            pending += data
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                try:
-                    request = json.loads(line)
-                    sys.stdout.flush()
-                    pid = os.fork()
-                except Exception as exc:  # noqa: BLE001
-                    _write({"error": f"{type(exc).__name__}: {exc}"})
-                    continue
-                if pid == 0:
-                    _agent(request, server)
-                agents.add(pid)
-                _write({"pid": pid})
-        idle = 0.0 if agents or ready else idle + 1.0
-        if idle >= IDLE_S:
-            os._exit(0)
+    # on its client's end every agent gets SIGTERM: torchrun stops its workers on it
+    _forkserve.serve(_agent, signal.SIGTERM, IDLE_S)
 
 
 if __name__ == "__main__":

@@ -20,14 +20,12 @@ death), or after ten idle minutes.
 """
 from __future__ import annotations
 
-import json
 import os
-import queue
-import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
+
+from dtrain_lab.jobs._forkserve import Client, Served
 
 SERVER_FILE = str(Path(__file__).with_name("_agent_server.py"))
 MAX_SERVERS = 2
@@ -37,112 +35,10 @@ _lock = threading.Lock()
 _servers: dict[tuple, "_Server"] = {}
 
 
-class ServedAgent:
-    """The part of :class:`subprocess.Popen` the launcher uses, for an agent a server forked."""
-
-    stdout = None
-
-    def __init__(self, server: "_Server", pid: int):
-        self.server = server
-        self.pid = pid
-
-    @property
-    def returncode(self) -> int | None:
-        with self.server.cond:
-            return self.server.codes.get(self.pid)
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        with self.server.cond:
-            if not self.server.cond.wait_for(lambda: self.pid in self.server.codes, timeout):
-                raise subprocess.TimeoutExpired(["torchrun"], timeout or 0.0)
-            return self.server.codes[self.pid]
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-class _Server:
+class _Server(Client):
     def __init__(self, env: dict[str, str]):
-        self.cond = threading.Condition()
-        self.codes: dict[int, int] = {}
-        self.replies: queue.Queue = queue.Queue()
-        self.request_lock = threading.Lock()
         env = {**env, "DTRAIN_AGENT_ENV": "x" * 4096}   # last: see _agent_server._show_environment
-        self.proc = subprocess.Popen([sys.executable, SERVER_FILE], env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/")
-        self.reader = threading.Thread(target=self._read, daemon=True, name="dtrain-agent-server")
-        self.reader.start()
-        first = self._reply(START_TIMEOUT_S)
-        if "ready" not in first:
-            self.close()
-            raise OSError(f"agent server did not start: {first}")
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if "exit" in msg:
-                with self.cond:
-                    self.codes[int(msg["exit"])] = int(msg["code"])
-                    self.cond.notify_all()
-            else:
-                if "pid" in msg:   # a new agent: forget an earlier one's exit under the same (recycled) pid
-                    with self.cond:
-                        self.codes.pop(int(msg["pid"]), None)
-                self.replies.put(msg)
-        # the server is gone: its agents got SIGTERM from the kernel (PR_SET_PDEATHSIG)
-        self.replies.put({"error": "agent server ended"})
-        with self.cond:
-            self.dead = True
-            self.cond.notify_all()
-
-    dead = False
-
-    def _reply(self, timeout: float) -> dict:
-        try:
-            return self.replies.get(timeout=timeout)
-        except queue.Empty:
-            return {"error": "no answer"}
-
-    def alive(self) -> bool:
-        return not self.dead and self.proc.poll() is None
-
-    def start(self, argv: list[str], env: dict[str, str], cwd: str, log: str) -> ServedAgent | None:
-        with self.request_lock:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.write((json.dumps({"argv": argv, "env": env, "cwd": cwd, "log": log}) + "\n").encode())
-                self.proc.stdin.flush()
-            except (OSError, ValueError):
-                return None
-            reply = self._reply(30.0)
-        if "pid" not in reply:
-            return None
-        return ServedAgent(self, int(reply["pid"]))
-
-    def close(self) -> None:
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        super().__init__([sys.executable, SERVER_FILE], env, "dtrain-agent-server", START_TIMEOUT_S)
 
 
 def served(opts) -> bool:
@@ -157,7 +53,7 @@ def _key_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("DTRAIN_")}
 
 
-def start(cmd: list[str], env: dict[str, str], log: Path) -> ServedAgent | None:
+def start(cmd: list[str], env: dict[str, str], log: Path) -> Served | None:
     """Fork ``cmd`` (``[python, "-m", "torch.distributed.run", ...]``) from the server for ``env``,
     starting the server first if needed. None where no server can be had: the caller starts a fresh
     Python instead."""
@@ -182,7 +78,8 @@ def start(cmd: list[str], env: dict[str, str], log: Path) -> ServedAgent | None:
                 server = _servers[key] = _Server(base)
             except OSError:
                 return None
-    return server.start(cmd[3:], env, os.getcwd(), str(log))
+    pid = server.fork({"argv": cmd[3:], "env": env, "cwd": os.getcwd(), "log": str(log)})
+    return None if pid is None else Served(server, pid)
 
 
 def shutdown() -> None:
