@@ -34,6 +34,7 @@ import psutil
 
 from dtrain_lab.i18n import LabError, tr
 from dtrain_lab.jobs.launch import launch
+from dtrain_lab.jobs.outcome import native_abort
 from dtrain_lab.jobs.result import gathered, load_reports
 
 
@@ -159,6 +160,13 @@ def _node_ranks(job_dir: str) -> list[int]:
     return sorted(ranks)
 
 
+def _failed_by_itself(result, ranks: list) -> bool:
+    """A rank of this node recorded an exception (its error file) or died in a C++ abort. Not merely
+    an exception-like last line of its stderr (``RankResult.exception``'s last resort): a rank
+    killed while waiting may have printed one from a background thread as its peers went away."""
+    return any(Path(result.log_dir).glob("error.*.json")) or any(native_abort(rr.stderr) for rr in ranks)
+
+
 def _remap(result, nproc: int, requested_rank: int) -> tuple[int | None, list[int], list]:
     """Rank results of one node launch renumbered with the ranks its workers really had."""
     true_ranks = _node_ranks(result.log_dir)
@@ -274,11 +282,10 @@ def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence
     nodes, all_ranks, stopped = [], [], []
     for i in range(nnodes):
         group_rank, true_ranks, ranks = _remap(results[i], nproc, i)
-        # stopped by its peer: killed while running, before any of its ranks had failed by itself
-        # (an exception, recorded or a C++ abort, as _remap and the launch read them). The launches
-        # return in no particular order: the node whose rank failed first may still be in its
-        # agent's shutdown when another node's failure is seen
-        if i in killed and not any(rr.exception for rr in ranks):
+        # stopped by its peer: killed while running, before any of its ranks had failed by itself.
+        # The launches return in no particular order: the node whose rank failed first may still be
+        # in its agent's shutdown when another node's failure is seen
+        if i in killed and not _failed_by_itself(results[i], ranks):
             stopped.append(i)
         nodes.append(NodeInfo(requested_rank=i, group_rank=group_rank, ranks=true_ranks, result=results[i],
                               stopped=i in stopped))
