@@ -36,6 +36,7 @@ import psutil
 
 from dtrain_lab.grading import channel, sandbox, supervisors, trace, zygote
 from dtrain_lab.jobs import _procs
+from dtrain_lab.jobs._forkserve import slot_env
 from dtrain_lab.jobs.diagnose import WaitSite, wait_site
 from dtrain_lab.jobs.options import prune_old
 
@@ -296,7 +297,7 @@ def _served_supervisor(spec: JobSpec, job_dir: Path, plan: dict):
 
 def _kill(proc, job_id: str, since: float) -> None:
     if isinstance(proc, supervisors.ServedSupervisor):
-        proc.kill()
+        proc.stop()   # its outer placeholder sandbox; the supervisor itself goes with its group below
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
@@ -313,8 +314,8 @@ def run(spec: JobSpec) -> JobResult:
     supervisor = [sys.executable, "-I", "-S", SUPERVISOR, str(job_dir / "plan.json")]
     cmd = sandbox.outer_argv(job_dir, spec.limits, supervisor, plan["mode"]) if spec.sandboxed else supervisor
     # in zygote mode the ranks are forks of the supervisor: it gets no variable of the grader's, only the
-    # slot its ranks' environments are written into (zygote._show_environment)
-    env = {zygote.SLOT: "x" * zygote.SLOT_BYTES} if "zygote" in plan else None
+    # room its ranks' environments are written into (_forkserve.show_environment)
+    env = slot_env() if "zygote" in plan else None
     res = JobResult(world_size=spec.world_size, sandboxed=spec.sandboxed, job_dir=str(job_dir), mode=plan["mode"])
     t0, wall0 = time.monotonic(), time.time()
     proc = _served_supervisor(spec, job_dir, plan) if "zygote" in plan else None

@@ -82,6 +82,16 @@ def _on_term(signum, frame):
 _zygote = None   # the zygote module, once torch is imported (see _load_zygote)
 
 
+def zygote_module():
+    """dtrain_lab/grading/zygote.py, loaded by its path: python -I leaves this file's folder off sys.path."""
+    import importlib.util
+
+    where = importlib.util.spec_from_file_location("zygote", os.path.join(os.path.dirname(__file__), "zygote.py"))
+    zygote = importlib.util.module_from_spec(where)
+    where.loader.exec_module(zygote)
+    return zygote
+
+
 def _load_zygote(plan, status):
     """Zygote mode (plan["zygote"], bubblewrap only): import torch once, here, and start every rank by
     entering its sandbox (dtrain_lab/grading/zygote.py). Nothing of the course is imported."""
@@ -90,11 +100,7 @@ def _load_zygote(plan, status):
     if not z or _zygote is not None:   # the supervisor server set it: torch is imported already
         return
     try:
-        import importlib.util   # by path: python -I leaves this file's folder off sys.path
-
-        where = importlib.util.spec_from_file_location("zygote", os.path.join(os.path.dirname(__file__), "zygote.py"))
-        zygote = importlib.util.module_from_spec(where)
-        where.loader.exec_module(zygote)
+        zygote = zygote_module()
         zygote.prepare()
         if not zygote.usable():
             raise OSError("no environment slot")

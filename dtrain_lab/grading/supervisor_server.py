@@ -1,7 +1,7 @@
 """Forks the supervisors of graded jobs from one Python that has imported torch; stdlib and torch only.
 
 Run by the grader (:mod:`dtrain_lab.grading.supervisors`) as ``python -I -S supervisor_server.py
-SYS_PATH_JSON``, with one environment variable (:data:`zygote.SLOT`). It imports torch once, and then
+SYS_PATH_JSON``, with one environment variable (:func:`_forkserve.slot_env`). It imports torch once, and then
 for every job the grader starts (the job's outer sandbox built by bubblewrap around a placeholder)
 it forks a child that enters that sandbox (:func:`zygote.enter_outer`) and runs
 :func:`supervisor.main` on the job's plan there: the supervisor a fresh ``python supervisor.py PLAN``
@@ -22,30 +22,22 @@ IDLE_S = 600.0
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _child(request: dict, server: int, forkserve, zygote, supervisor) -> None:
+def _child(request: dict, server: int, zygote, supervisor) -> None:
     """The forked child: enter the outer sandbox, become the supervisor. Never returns."""
     code = 125
+    forkserve = zygote._forkserve
     try:
         forkserve.detach(server, signal.SIGKILL, request["log"])
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if zygote.enter_outer(int(request["outer"])):   # a PID namespace of its own: the supervisor is a fork
             pid = os.fork()
             if pid:
-                status = os.waitpid(pid, 0)[1]
-                code = os.waitstatus_to_exitcode(status)
-                os._exit(128 - code if code < 0 else code & 0xFF)
+                forkserve.relay_exit(pid)
         supervisor._zygote = zygote
         supervisor.main(request["plan"])
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = forkserve.exit_code(exc)
     except BaseException as exc:  # noqa: BLE001 - in the job's supervisor.log
         try:
             os.write(2, f"supervisor server: {type(exc).__name__}: {exc}\n".encode(errors="replace"))
@@ -55,16 +47,17 @@ def _child(request: dict, server: int, forkserve, zygote, supervisor) -> None:
 
 
 def main() -> None:
-    forkserve = _load(os.path.join(os.path.dirname(HERE), "jobs", "_forkserve.py"), "_forkserve")
-    zygote = _load(os.path.join(HERE, "zygote.py"), "zygote")
+    where = importlib.util.spec_from_file_location("supervisor", os.path.join(HERE, "supervisor.py"))
+    supervisor = importlib.util.module_from_spec(where)
+    where.loader.exec_module(supervisor)
+    zygote = supervisor.zygote_module()
     zygote.prepare()
-    supervisor = _load(os.path.join(HERE, "supervisor.py"), "supervisor")
     sys.path[:] = json.loads(sys.argv[1])
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
-    forkserve.serve(lambda request, server: _child(request, server, forkserve, zygote, supervisor), signal.SIGKILL, IDLE_S,
-                    ready={"usable": zygote.usable()})
+    zygote._forkserve.serve(lambda request, server: _child(request, server, zygote, supervisor), signal.SIGKILL,
+                            IDLE_S, ready={"usable": zygote.usable()})
 
 
 if __name__ == "__main__":

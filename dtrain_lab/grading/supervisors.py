@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from dtrain_lab.grading import zygote
-from dtrain_lab.jobs._forkserve import Client, Served
+from dtrain_lab.jobs._forkserve import Client, Served, slot_env
 
 SERVER_FILE = str(Path(__file__).with_name("supervisor_server.py"))
 _lock = threading.Lock()
@@ -59,7 +59,7 @@ class ServedSupervisor(Served):
 
 def _server_for(sys_path: list) -> Client:
     client = Client([sys.executable, "-I", "-S", SERVER_FILE, json.dumps(sys_path)],
-                    {zygote.SLOT: "x" * zygote.SLOT_BYTES}, "dtrain-supervisor-server")
+                    slot_env(), "dtrain-supervisor-server")
     if not client.ready.get("usable"):
         client.close()
         raise OSError("the supervisor server has no environment slot")

@@ -24,7 +24,7 @@ outer sandbox, with nothing of the course imported) imports torch once per job; 
 What the rank has that a fresh process would not: the supervisor's memory, which holds torch and the
 job's plan (paths and environments of this job's ranks: nothing of other submissions, no reference or
 check). Its ``/proc/self/environ`` is rewritten in place to the rank's environment (the supervisor
-starts with one placeholder variable, :data:`SLOT`), so that every process of the job is found by
+starts with one placeholder variable, :func:`_forkserve.slot_env`), so that every process of the job is found by
 ``DTRAIN_JOB_ID`` as before. Where entering fails (a setuid bubblewrap, a kernel that refuses), the
 supervisor falls back to the fresh ``python`` of before, and records why in ``status.jsonl``.
 """
@@ -40,8 +40,6 @@ import subprocess
 import sys
 import time
 
-SLOT = "DTRAIN_ZYGOTE_ENV"
-SLOT_BYTES = 16384
 UID = 65534
 RANK_NAME = "harness-rank-{rank}"     # the rank's process name (comm), how the grader finds it for its stack
 
@@ -68,7 +66,8 @@ def _load_forkserve():
 
 _forkserve = _load_forkserve()
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_slot = [0, 0]
+_block = None      # the supervisor's environment block, which each rank rewrites (_forkserve.show_environment)
+_last_cap = 40     # the highest capability number, read from the host's /proc before entering
 
 
 class EnterError(OSError):
@@ -94,31 +93,16 @@ class _CapData(ctypes.Structure):
 
 
 def prepare() -> None:
-    """In the supervisor, before anything else: the environment block the kernel shows as
-    ``/proc/PID/environ`` (``env_start`` and ``env_end`` of ``/proc/self/stat``), if the placeholder
-    variable is in it (then the block is large enough to hold a rank's environment)."""
-    _libc.getenv.restype = ctypes.c_void_p
-    value = _libc.getenv(SLOT.encode())
-    with open("/proc/self/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    start, end = int(fields[47]), int(fields[48])   # fields 50 and 51 of proc(5)
-    if value and start <= value < end:
-        _slot[:] = [start, end - start]
+    """In the supervisor, before anything else: its environment block (it was exec'd with
+    :func:`_forkserve.slot_env`, room for a rank's environment) and the host's highest capability."""
+    global _block, _last_cap
+    _block = _forkserve.environ_block()
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        _last_cap = int(f.read())
 
 
 def usable() -> bool:
-    return bool(_slot[0])
-
-
-def _show_environment(env: dict) -> None:
-    """Write the rank's environment over the block the supervisor was exec'd with, padded to its
-    size: ``/proc/self/environ`` then lists what a fresh process would (and one ``DTRAIN_PAD``)."""
-    address, size = _slot
-    block = "".join(f"{k}={v}\0" for k, v in env.items()).encode()
-    pad = b"DTRAIN_PAD="
-    if not address or len(block) + len(pad) + 1 > size:
-        raise EnterError(0, "the rank's environment does not fit the supervisor's environment block")
-    ctypes.memmove(address, block + pad + b"x" * (size - len(block) - len(pad) - 1) + b"\0", size)
+    return _block is not None
 
 
 # ------------------------------------------------------------------ the placeholder sandbox
@@ -287,7 +271,7 @@ def _run_rank(rank: dict, env: dict, limits: dict, out: int, err: int) -> None:
             resource.setrlimit(getattr(resource, "RLIMIT_" + key), (value, value))
         os.environ.clear()
         os.environ.update(env)
-        _show_environment(env)
+        _forkserve.show_environment(_block, env)
         if not any(env.get(k) for k in ("LC_ALL", "LC_CTYPE", "LANG")):
             os.environ["LC_CTYPE"] = "C.UTF-8"   # what a fresh Python adds when it coerces the C locale (PEP 538)
         sys.stdin = open(0, closefd=False)
@@ -309,7 +293,7 @@ def _run_rank(rank: dict, env: dict, limits: dict, out: int, err: int) -> None:
         runpy._run_module_as_main(rank["module"], alter_argv=True)  # type: ignore[attr-defined]
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = _forkserve.exit_code(exc)
     except BaseException:  # noqa: BLE001 - as the interpreter prints an uncaught exception
         try:
             sys.excepthook(*sys.exc_info())
@@ -365,8 +349,6 @@ class RankProcess:
 def start(rank: dict, env: dict, limits: dict, out_path: str, err_path: str) -> RankProcess:
     """Build the rank's sandbox around a placeholder, enter it, start the rank. Raises
     :class:`EnterError` (nothing of the rank ran) where this machine does not allow it."""
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last_cap = int(f.read())
     placeholder, init, info = start_placeholder(rank["placeholder"], rank["bwrap"])
     try:
         fds = _open_target(init)
@@ -385,7 +367,7 @@ def start(rank: dict, env: dict, limits: dict, out_path: str, err_path: str) -> 
         try:
             os.close(ctl_r)
             os.setsid()   # the supervisor kills the rank with killpg(pid), as it killed bubblewrap
-            _enter(fds, rank["home"], last_cap)
+            _enter(fds, rank["home"], _last_cap)
             _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)   # after the credential changes, which clear it
             if os.getppid() != parent:
                 os._exit(125)
@@ -397,8 +379,7 @@ def start(rank: dict, env: dict, limits: dict, out_path: str, err_path: str) -> 
             os.close(ctl_w)
             os.close(out)
             os.close(err)
-            code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
-            os._exit(128 - code if code < 0 else code & 0xFF)
+            _forkserve.relay_exit(child)
         except BaseException as exc:  # noqa: BLE001 - told to the supervisor, which falls back
             try:
                 os.write(ctl_w, f"{type(exc).__name__}: {exc}"[:2000].encode(errors="replace"))

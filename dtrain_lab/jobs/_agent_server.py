@@ -15,7 +15,6 @@ The loop and its protocol are :mod:`dtrain_lab.jobs._forkserve`'s; a request is 
 the kernel sent a fresh agent when a launcher died (``_procs.set_parent_death_signal``); it also ends
 after ``IDLE_S`` idle seconds. Every agent gets ``SIGTERM`` if this process dies.
 """
-import ctypes
 import os
 import runpy
 import signal
@@ -25,34 +24,8 @@ import traceback
 import _forkserve   # this file's folder is sys.path[0]
 
 IDLE_S = 600.0
-SLOT = "DTRAIN_AGENT_ENV"   # the server's last variable: room for one launch's DTRAIN_* variables
-SLOT_BYTES = 4096
-_slot = [0, 0]              # address and size of "SLOT=..." in this process's original environment block
 _BASE_PATH = sys.path[1:]   # sys.path[0] is this file's folder; an agent gets its own working folder there
-
-
-def _find_slot() -> None:
-    """Where ``SLOT=...`` lies in the environment block the kernel shows as ``/proc/PID/environ``."""
-    libc = ctypes.CDLL(None)
-    libc.getenv.restype = ctypes.c_void_p
-    value = libc.getenv(SLOT.encode())
-    if value:
-        size = len(SLOT) + 1 + len(os.environ.get(SLOT, ""))
-        _slot[:] = [value - len(SLOT) - 1, size]
-
-
-def _show_environment(env: dict) -> None:
-    """Make ``/proc/PID/environ`` of this agent (and of every process it forks) list the launch's
-    ``DTRAIN_*`` variables, as it would for a fresh ``python``: that file shows the block a process
-    was exec'd with, and the launcher finds every process of a job (a double-forked daemon too) by
-    ``DTRAIN_JOB_ID`` there. The other variables are the server's, which equal the launch's (the
-    client chooses the server by them). The slot is overwritten in place, padded to its size."""
-    address, size = _slot
-    block = "".join(f"{k}={v}\0" for k, v in env.items() if k.startswith("DTRAIN_")).encode()
-    pad = b"DTRAIN_PAD="
-    if not address or len(block) + len(pad) > size:
-        raise OSError("the launch's DTRAIN_* variables do not fit the agent server's slot")
-    ctypes.memmove(address, block + pad + b"x" * (size - len(block) - len(pad)), size)
+_block = None               # this process's environment block (_forkserve.environ_block)
 
 
 def _agent(request: dict, server: int) -> None:
@@ -66,7 +39,7 @@ def _agent(request: dict, server: int) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        _show_environment(request["env"])
+        _forkserve.show_environment(_block, request["env"])   # the job sweep finds it by DTRAIN_JOB_ID
         sys.path[:] = [os.getcwd()] + _BASE_PATH
         sys.modules.pop("torch.distributed.run", None)   # runpy runs it afresh as __main__ (its imports stay)
         sys.argv = ["torchrun", *request["argv"]]   # argv[0] becomes run.py's path, as with python -m
@@ -89,7 +62,8 @@ def main() -> None:
     import torch._dynamo  # noqa: F401 - what a rank's first optimizer would import
     import torch.distributed.run  # noqa: F401
 
-    _find_slot()
+    global _block
+    _block = _forkserve.environ_block()
     # on its client's end every agent gets SIGTERM: torchrun stops its workers on it
     _forkserve.serve(_agent, signal.SIGTERM, IDLE_S)
 

@@ -36,6 +36,48 @@ def exit_code(exc: SystemExit) -> int:
     return 1
 
 
+# ------------------------------------------------------------------ what /proc/PID/environ shows of a fork
+# The kernel shows, as /proc/PID/environ, the environment block a process was exec'd with; a fork of a
+# server keeps the server's. The launcher's job sweep and the tests find every process of a job by
+# DTRAIN_JOB_ID there (a double-forked daemon too), so a child writes its own environment over that
+# block. A server is exec'd with one extra, large variable (slot_env) to make room for it.
+SLOT = "DTRAIN_FORK_ENV"
+SLOT_BYTES = 16384
+_PAD = b"DTRAIN_PAD="
+
+
+def slot_env() -> dict[str, str]:
+    """The variable a server is exec'd with, last: the room its children's environments need."""
+    return {SLOT: "x" * SLOT_BYTES}
+
+
+def fits(extra: dict) -> bool:
+    """Whether a child's environment fits the server's block when it adds ``extra`` to the server's."""
+    return sum(len(str(k)) + len(str(v)) + 2 for k, v in extra.items()) + len(_PAD) + 1 <= SLOT_BYTES
+
+
+def environ_block() -> tuple[int, int] | None:
+    """Address and size of this process's original environment block (``env_start`` and ``env_end``
+    of ``/proc/self/stat``, fields 50 and 51 of proc(5)), if it holds the slot; else None."""
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_void_p
+    value = libc.getenv(SLOT.encode())
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])
+    return (start, end - start) if value and start <= value < end else None
+
+
+def show_environment(block: tuple[int, int] | None, env: dict) -> None:
+    """Write ``env`` over the block, padded to its size with one ``DTRAIN_PAD`` variable: this process
+    and every process it forks then show ``env`` as a fresh process exec'd with it would."""
+    data = "".join(f"{k}={v}\0" for k, v in env.items()).encode()
+    if block is None or len(data) + len(_PAD) + 1 > block[1]:
+        raise OSError("the environment does not fit the server's environment block")
+    address, size = block
+    ctypes.memmove(address, data + _PAD + b"x" * (size - len(data) - len(_PAD) - 1) + b"\0", size)
+
+
 # ------------------------------------------------------------------ the server side
 def _write(obj) -> None:
     os.write(1, (json.dumps(obj) + "\n").encode())
@@ -121,6 +163,13 @@ def detach(server: int, parent_death_signal: int, log: str) -> None:
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.closerange(3, 1 << 16)
+
+
+def relay_exit(pid: int) -> None:
+    """Wait for child ``pid`` and end as it ended: its exit code, or ``128 + signal`` if a signal
+    killed it (as a shell, or bubblewrap, reports it). Never returns."""
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    os._exit(128 - code if code < 0 else code & 0xFF)
 
 
 def flush_exit(code: int) -> None:

@@ -25,7 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
-from dtrain_lab.jobs._forkserve import Client, Served
+from dtrain_lab.jobs._forkserve import Client, Served, fits, slot_env
 
 SERVER_FILE = str(Path(__file__).with_name("_agent_server.py"))
 MAX_SERVERS = 2
@@ -37,7 +37,7 @@ _servers: dict[tuple, "_Server"] = {}
 
 class _Server(Client):
     def __init__(self, env: dict[str, str]):
-        env = {**env, "DTRAIN_AGENT_ENV": "x" * 4096}   # last: see _agent_server._show_environment
+        env = {**env, **slot_env()}   # last: room for each agent's own environment (_forkserve)
         super().__init__([sys.executable, SERVER_FILE], env, "dtrain-agent-server", START_TIMEOUT_S)
 
 
@@ -59,8 +59,8 @@ def start(cmd: list[str], env: dict[str, str], log: Path) -> Served | None:
     Python instead."""
     if cmd[1:3] != ["-m", "torch.distributed.run"]:
         return None
-    if sum(len(k) + len(v) + 2 for k, v in env.items() if k.startswith("DTRAIN_")) > 3500:
-        return None   # would not fit the slot in the server's environment block
+    if not fits({k: v for k, v in env.items() if k.startswith("DTRAIN_")}):
+        return None   # would not fit the server's environment block
     base = _key_env(env)
     key = tuple(sorted(base.items()))
     with _lock:
