@@ -1,7 +1,8 @@
 """dtrain-lab: the library behind the distributed-training course.
 
-``import dtrain_lab`` is cheap (no torch import): the notebook's setup cell and the launcher stay
-fast, and torch is imported by the modules that need it.
+``import dtrain_lab`` imports nothing (the names below load on first use): the notebook's setup cell
+and the launcher stay fast, torch is imported by the modules that need it, and the process-starting
+code of :mod:`dtrain_lab.sandbox` runs as ``python -I -S`` with the standard library alone.
 
 The library is layered; arrows point only downward (a test checks it from the AST):
 
@@ -20,9 +21,6 @@ import the jobs or course layers. Whatever trains, times or launches is a demo o
 from __future__ import annotations
 
 import importlib
-
-from dtrain_lab.i18n import LabError, get_lang, set_lang
-from dtrain_lab.jobs.launch import LaunchResult, launch
 
 __version__ = "0.1.0"
 __all__ = ["launch", "LaunchResult", "set_lang", "get_lang", "LabError", "show", "__version__"]
@@ -53,7 +51,13 @@ _MOVED = {
 }
 
 
+_LAZY = {"launch": "dtrain_lab.jobs.launch", "LaunchResult": "dtrain_lab.jobs.launch",
+         "set_lang": "dtrain_lab.i18n", "get_lang": "dtrain_lab.i18n", "LabError": "dtrain_lab.i18n"}
+
+
 def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _MOVED:
         return importlib.import_module(_MOVED[name])
     raise AttributeError(f"module 'dtrain_lab' has no attribute {name!r}")

@@ -1,7 +1,6 @@
 """Shared test helpers. Multi-process tests launch through dtrain_lab.launch (one launch, many
 checks) and every one of them has a timeout (pytest-timeout; see pyproject.toml)."""
 import json
-import os
 import time
 import uuid
 from pathlib import Path
@@ -10,6 +9,7 @@ import psutil
 import pytest
 
 import dtrain_lab
+from dtrain_lab.sandbox import contain
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -40,15 +40,43 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=key)   # stable: a file's tests keep their order
 
 
+# Every test process is a child subreaper (dtrain_lab.sandbox.contain): a process that escapes its job's
+# tree (its init died before it) is re-parented here instead of to init, so the survivor checks below see
+# it, whatever its environment, process group or session says.
+contain.subreaper(True)
+_TAG_TIMES: dict[str, float] = {}
+
+
+def new_tag() -> str:
+    """A tag for a job of this test: the moment from which its processes are counted."""
+    t = uuid.uuid4().hex
+    _TAG_TIMES[t] = time.time()
+    return t
+
+
+def _servers() -> set[int]:
+    """This process's own fork servers, which outlive jobs by design (their jobs' processes do not)."""
+    from dtrain_lab.jobs import agents
+    from dtrain_lab.sandbox import supervisors
+
+    return set(agents.server_pids()) | ({supervisors.server_pid()} - {None})
+
+
 def processes_with_tag(tag: str) -> list[psutil.Process]:
-    """Live processes whose environment carries ``DTRAIN_TEST_TAG=tag``."""
+    """Live processes of this test process's tree (where every process a job lets escape lands)
+    started since ``tag`` was made, other than this process's fork servers."""
+    since = _TAG_TIMES.get(tag, 0.0) - 0.5
+    servers = _servers()
     found = []
-    for p in psutil.process_iter(["pid"]):
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return found
+    for p in procs:
         try:
-            if p.pid != os.getpid() and p.environ().get("DTRAIN_TEST_TAG") == tag \
-                    and p.status() != psutil.STATUS_ZOMBIE:
+            if p.pid not in servers and p.create_time() >= since and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
-        except (psutil.Error, OSError):
+        except psutil.Error:
             continue
     return found
 
@@ -79,7 +107,7 @@ def assert_no_survivors(tag: str, grace: float = 3.0) -> None:
 
 @pytest.fixture
 def tag() -> str:
-    return uuid.uuid4().hex
+    return new_tag()
 
 
 @pytest.fixture
@@ -88,7 +116,7 @@ def run():
     tags = []
 
     def _run(target, *a, env=None, **kw):
-        t = uuid.uuid4().hex
+        t = new_tag()
         tags.append(t)
         env = dict(env or {}, DTRAIN_TEST_TAG=t)
         kw.setdefault("quiet", True)

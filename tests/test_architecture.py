@@ -3,7 +3,7 @@
 course     cli, viz, bench, demos/, grading/, authoring   (may import anything below)
 jobs       jobs/ (launch, runtime, cluster, diagnose, monitor)
 technique  parallel/, resilience/, nccl/
-base       comm/, models, data, perfmodel, i18n
+base       comm/, models, data, perfmodel, i18n, caps, fonts, sandbox/ (stdlib only: see below)
 
 Every import counts, including one inside a function: a function-level import hides the real graph,
 it does not change it.
@@ -18,7 +18,7 @@ PKG = ROOT / "dtrain_lab"
 MAX_LINES = 500
 
 LAYERS = {
-    "base": {"comm", "models", "data", "perfmodel", "i18n"},
+    "base": {"comm", "models", "data", "perfmodel", "i18n", "caps", "fonts", "sandbox"},
     "technique": {"parallel", "resilience", "nccl", "planner"},
     "jobs": {"jobs"},
     "course": {"cli", "viz", "viz_plan", "bench", "demos", "grading", "authoring"},
@@ -154,3 +154,44 @@ def test_no_module_over_500_lines():
     long = {str(p.relative_to(ROOT)): n for p in _files()
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them; tables become data files): {long}"
+
+
+def test_the_sandbox_package_needs_nothing_but_the_standard_library():
+    """dtrain_lab/sandbox/ (starting, containing and isolating processes: the security-relevant code,
+    README.md there) runs as ``python -I -S``, before anything else is importable: it imports the
+    standard library and itself, nothing else of the course, and torch only where a fork server
+    preloads it for the processes it forks."""
+    import sys
+
+    stdlib = set(sys.stdlib_module_names)
+    bad = []
+    for path in sorted((PKG / "sandbox").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for name in names:
+                top = name.split(".")[0]
+                if name.startswith("dtrain_lab.sandbox") or top in stdlib or top == "__future__":
+                    continue
+                if top == "torch" and path.name == "supervisor_server.py":
+                    continue
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not bad, "\n".join(bad)
+    assert (PKG / "sandbox" / "README.md").is_file()
+
+
+def test_no_module_loads_course_code_by_file_path():
+    """Course code is imported as modules, never loaded from a file path (spec_from_file_location,
+    run_path), so that the import graph above is the real one. Two files are loaded by path, and are
+    not course code loading course code: the file torchrun itself runs in each forked worker
+    (``--run-path``), and the learner's submission, which the grading harness loads."""
+    allowed = {"jobs/_forked_rank.py": "run_path(", "grading/harness.py": "spec_from_file_location"}
+    bad = []
+    for path in _files():
+        text = path.read_text(encoding="utf-8")
+        rel = str(path.relative_to(PKG))
+        for word in ("spec_from_file_location", "run_path("):
+            if word in text and allowed.get(rel) != word:
+                bad.append(f"{path.relative_to(ROOT)}: {word}")
+    assert not bad, bad

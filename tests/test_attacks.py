@@ -3,8 +3,8 @@ process running, none changes a file outside its sandbox, and feedback never car
 read. Each attack is a submission a dishonest learner could hand in; the grader runs it as it runs
 any other. (Class runs and Gradescope, groups 4 and 6, are tested in test_classrun / test_autograder.)
 
-Skipped where this machine has no sandbox: without one, nothing is private and the grader refuses to
-grade anyway."""
+Skipped where this machine cannot run the sandbox (a kernel that forbids unprivileged user namespaces,
+or ``DTRAIN_CAPS=sandbox=0``): there the grader gives no grade at all, which test_grading checks."""
 import json
 import os
 import time
@@ -14,22 +14,27 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT
-from dtrain_lab.grading import grade, grade_folder, registry, sandbox
+from conftest import ROOT, new_tag, processes_with_tag
+from dtrain_lab import caps
+from dtrain_lab.grading import grade, grade_folder, registry
 from dtrain_lab.grading.exercise import own_words
+from dtrain_lab.sandbox import bwrap as sandbox
 
-PROBE = sandbox.probe()
+PROBE = caps.sandbox_probe()
 pytestmark = pytest.mark.skipif(not PROBE.ok, reason=f"no sandbox on this machine: {PROBE.reason}")
-_REAL_PROBE = sandbox.probe
+_TAG = [""]
 
 
-@pytest.fixture(params=["bwrap", "unshare"])
-def mode(request, monkeypatch):
-    """The attack against the bubblewrap sandbox and against the fallback (unshare + nsbox.py), where each works."""
-    if not _REAL_PROBE(request.param).ok:
-        pytest.skip(f"{request.param}: {_REAL_PROBE(request.param).reason}")
-    monkeypatch.setattr(sandbox, "probe", lambda m=None: _REAL_PROBE(m or request.param))
-    return request.param
+@pytest.fixture(autouse=True)
+def _since_now():
+    """Processes of this test's grades are counted from here (conftest.processes_with_tag)."""
+    _TAG[0] = new_tag()
+
+
+@pytest.fixture
+def mode():
+    """The sandbox every grade runs in (bubblewrap: the course's one sandbox builder)."""
+    return "bwrap"
 HEAD = "import os, sys, time, subprocess\nimport torch\nimport torch.distributed as dist\n"
 
 
@@ -41,16 +46,15 @@ def submit(tmp_path: Path, name: str, code: str) -> Path:
 
 
 def survivors(verdict, *markers: str) -> list:
-    """Processes still alive from the verdict's jobs (DTRAIN_JOB_ID) or whose command line holds a marker
-    (an `env -i` daemon has no job id left)."""
-    jobs = {r["job"] for r in verdict.details.get("runs", [])}
-    left = []
+    """Processes still alive from this test's grades (in this test process's tree, where the grader's
+    processes and anything that escaped them are), or anywhere with a marker in their command line."""
+    left = [(p.pid, " ".join(p.cmdline())[:100]) for p in processes_with_tag(_TAG[0])]
     for p in psutil.process_iter(["cmdline"]):
         try:
             if p.status() == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(p.info["cmdline"] or [])
-            if any(m in cmd for m in markers) or p.environ().get("DTRAIN_JOB_ID") in jobs:
+            if any(m in cmd for m in markers):
                 left.append((p.pid, cmd[:100]))
         except (psutil.Error, OSError):
             continue

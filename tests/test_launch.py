@@ -128,21 +128,22 @@ def test_concurrent_launches_do_not_collide(run):
         assert r.gathered("all_reduce_sum") == [3.0, 3.0]
 
 
-def _driver(tag):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _driver(tag, runs):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DTRAIN_RUN_DIR=str(runs))
     proc = subprocess.Popen([sys.executable, str(WORKERS / "driver.py"), tag, HOSTILE],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 60
-    while len(processes_with_tag(tag)) < 3:  # torchrun + 2 ranks are up
+    while len(list(runs.glob("*/ready.*"))) < 2:  # both ranks have joined the process group
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
         time.sleep(0.3)
+    assert len(processes_with_tag(tag)) >= 3   # the driver, and the job's processes in its tree
     time.sleep(1.0)
     return proc
 
 
 @pytest.mark.timeout(120)
-def test_interrupt_kills_every_rank(tag):
-    proc = _driver(tag)
+def test_interrupt_kills_every_rank(tag, tmp_path):
+    proc = _driver(tag, tmp_path)
     proc.send_signal(signal.SIGINT)  # what Jupyter's stop button sends to the kernel
     try:
         out, _ = proc.communicate(timeout=45)
@@ -158,8 +159,8 @@ def test_interrupt_kills_every_rank(tag):
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
-def test_killed_kernel_leaves_no_job_behind(tag):
-    proc = _driver(tag)
+def test_killed_kernel_leaves_no_job_behind(tag, tmp_path):
+    proc = _driver(tag, tmp_path)
     proc.kill()  # the kernel dies without running any cleanup
     proc.wait(timeout=10)
     # torchrun gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and stops its workers; a worker that

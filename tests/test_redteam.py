@@ -19,9 +19,11 @@ import psutil
 import pytest
 
 from conftest import ROOT
-from dtrain_lab.grading import grade, lab10, runner, sandbox
+from dtrain_lab import caps
+from dtrain_lab.grading import grade, lab10, runner
+from dtrain_lab.sandbox import bwrap as sandbox
 
-PROBE = sandbox.probe()
+PROBE = caps.sandbox_probe()
 pytestmark = pytest.mark.skipif(not PROBE.ok, reason=f"no sandbox on this machine: {PROBE.reason}")
 
 REDTEAM = ROOT / "tests" / "submissions" / "redteam"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dtrain_lab.grading import channel, runner, sandbox  # noqa: E402
+from dtrain_lab import caps  # noqa: E402
+from dtrain_lab.grading import channel, runner  # noqa: E402
 
 
 def one(path: Path, world: int, sandboxed: bool) -> tuple[float, float]:
@@ -34,8 +35,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--world", type=int, default=2)
     args = ap.parse_args()
-    if not sandbox.probe().ok:
-        print(f"no sandbox on this machine: {sandbox.probe().reason}")
+    if not caps.sandbox_probe().ok:
+        print(f"no sandbox on this machine: {caps.sandbox_probe().reason}")
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "noop.py"

@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from dtrain_lab import caps
 from dtrain_lab.jobs import runtime
 from dtrain_lab.parallel.accum import AllReduceCounter, accumulation_step, counting_allreduce_hook, micro_batches
 from dtrain_lab.data import global_batch, regression_dataset, shard
@@ -99,7 +100,7 @@ def main() -> None:
     rt = runtime.current()
     argv = [int(a) for a in sys.argv[1:]]
     micro, k, steps = (argv + [8, 4, 3][len(argv):])[:3]
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)  # CPU ranks share the machine's cores
     world = rt.world_size
     runtime.print0(f"effective batch B = micro-batch {micro} × accumulation steps {k} × world size {world} "

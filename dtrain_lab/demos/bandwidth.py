@@ -34,6 +34,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from dtrain_lab import caps
 from dtrain_lab.comm import groups
 from dtrain_lab.comm.collectives import naive_all_reduce, ring_all_reduce
 from dtrain_lab.jobs import runtime
@@ -122,7 +123,7 @@ def measure(ops: list[str], sizes: list[int], repeats: int, device) -> list[dict
 
 def main() -> None:
     rt = runtime.current()
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)          # CPU ranks share the machine's cores
     max_bytes = int(float(sys.argv[1])) if len(sys.argv) > 1 else 16 << 20
     ops = sys.argv[2].split(",") if len(sys.argv) > 2 else ["all_reduce", "ring_all_reduce"]

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dtrain_lab import caps
 from dtrain_lab.jobs import runtime
 from dtrain_lab.parallel.compression import (CommState, PowerSGDState, powersgd_hook, topk_allreduce_indices_WRONG,
                                     topk_sparse_allreduce)
@@ -146,7 +147,7 @@ PARTS = {f.__name__: f for f in (topk_by_hand, indices_wrong, powersgd_vs_torch,
 
 
 def main() -> None:
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)                  # CPU ranks share the machine's cores
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else ["topk_by_hand", "indices_wrong"]
     kwargs = dict(item.partition("=")[::2] for item in sys.argv[2:])

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from dtrain_lab import caps
 from dtrain_lab.data import global_batch, regression_dataset, shard
 from dtrain_lab.i18n import LabError
 from dtrain_lab.jobs import runtime
@@ -87,7 +88,7 @@ def train_with_compression(method: str, steps: int = 200, *, ratio: float = 0.01
 
 def main() -> None:
     rt = runtime.current()
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)  # CPU ranks share the machine's cores
     methods, steps, kwargs = parse(sys.argv[1:])
     runs = {}

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dtrain_lab import caps
 from dtrain_lab.jobs import runtime
 from dtrain_lab.parallel.context import (attention_reference, ring_attention, ring_comm_bytes, shard_sequence,
                                          zigzag_order)
@@ -105,7 +106,7 @@ def part_overlap(repeats: int = 3) -> dict:
 
 def main() -> None:
     parts = (sys.argv[1] if len(sys.argv) > 1 else "equal").split(",")
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)   # ranks share the machine's cores
     rt = runtime.current()
     result = {"backend": rt.backend, "world_size": rt.world_size, "rank": rt.rank}

@@ -16,6 +16,7 @@ import sys
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from dtrain_lab import caps
 from dtrain_lab.demos.alternate import mse_step, time_blocks
 from dtrain_lab.jobs import runtime
 from dtrain_lab.jobs.launch import launch
@@ -27,7 +28,7 @@ def main() -> None:
     rt = runtime.current()
     argv = [int(float(a)) for a in sys.argv[1:]]
     repeats, steps, d_hidden, depth, batch = (argv + [5, 20, 256, 4, 64][len(argv):])[:5]
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)  # CPU ranks share the machine's cores: no oversubscription
     g = torch.Generator().manual_seed(1 + rt.rank)
     x = torch.randn(batch, 64, generator=g).to(rt.device)

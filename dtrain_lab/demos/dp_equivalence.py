@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from dtrain_lab import caps
 from dtrain_lab.jobs import runtime
 from dtrain_lab.data import global_batch, regression_dataset, shard
 from dtrain_lab.parallel.ddp import DDP, DDPError, naive_allreduce_grads
@@ -110,7 +111,7 @@ def unused_parameters() -> dict:
 
 def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)  # two CPU ranks share the machine's cores
     results = {v: train(v, steps) for v in ("naive", "one_bucket", "buckets", "buckets_no_overlap", "torch")}
     runtime.report(steps=steps, global_batch=GLOBAL_BATCH, lr=LR, variants=results, unused=unused_parameters())

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
+from dtrain_lab import caps
 from dtrain_lab.i18n import tr
 from dtrain_lab.jobs import runtime
 from dtrain_lab.data import classification_dataset, regression_dataset, shard
@@ -164,7 +165,7 @@ def main() -> None:
     directory = sys.argv[sys.argv.index("--dir") + 1] if "--dir" in sys.argv else None
     if directory in names:
         names.remove(directory)
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)
     for name in names or ["sampler_eval", "seeds", "sync_bn"]:
         if name == "checkpoint":

@@ -36,6 +36,7 @@ import time
 
 import torch
 
+from dtrain_lab import caps
 from dtrain_lab.demos import ds_train
 from dtrain_lab.i18n import LabError
 from dtrain_lab.jobs import runtime
@@ -166,7 +167,7 @@ def fsdp_run(o: dict, ref: dict) -> dict:
 
 def main() -> None:
     rt = runtime.current()
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)  # CPU ranks share the machine's cores
     o = parse(sys.argv[1:])
     common = dict(micro_batch=o["micro"], grad_accum=o["accum"], lr=o["lr"], d_hidden=o["d_hidden"],

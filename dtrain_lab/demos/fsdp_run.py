@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dtrain_lab import caps
 from dtrain_lab.jobs import runtime
 from dtrain_lab.parallel.fsdp import (PARTIAL_SUFFIX, checkpoint_complete, full_state_dict, load_checkpoint,
                              save_checkpoint, shard_model, sharded_state_bytes)
@@ -262,7 +263,7 @@ def zero_section(rt) -> None:
 
 def main() -> None:
     rt = runtime.current()
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)  # CPU ranks share the machine's cores
     sections = (sys.argv[1] if len(sys.argv) > 1 else "train").split(",")
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3

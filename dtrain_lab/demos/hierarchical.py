@@ -9,7 +9,6 @@ link between nodes, so the timings say what the extra steps cost, not what a rea
 """
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -17,6 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from dtrain_lab import caps
 from dtrain_lab.comm.collectives import ring_all_reduce
 from dtrain_lab.comm.counted import count_collectives
 from dtrain_lab.comm.hierarchical import hierarchical_all_reduce, hierarchical_groups, node_layout
@@ -104,7 +104,7 @@ def measure(ranks_per_node: int) -> None:
     torch.set_num_threads(1)    # one thread per rank: the ranks already share the cores
     rows = time_variants(hg)
     runtime.report(layout=layout, is_leader=hg.is_leader, max_abs_diff=diff, exact_on_integers=exact,
-                   counts=counts, cores=os.cpu_count(), world_size=rt.world_size,
+                   counts=counts, cores=caps.cores(), world_size=rt.world_size,
                    rows=rows if rt.rank == 0 else None)
 
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtrain_lab import caps
 from dtrain_lab.comm import groups
 from dtrain_lab.comm.groups import Group
 from dtrain_lab.data import global_batch, regression_dataset
@@ -81,7 +82,7 @@ def facts(steps: int = 5, d_hidden: int = 32, batch: int = 16, device="cpu") -> 
     ref_params = [p.detach() for p in ref_part.parameters()]
 
     # the same model in one process, part i on devices[i]
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = caps.gpu_count()
     on_gpu = torch.device(device).type == "cuda"
     devices = [f"cuda:{i}" for i in range(world)] if on_gpu and gpus >= world > 1 else ["cpu"] * world
     md = MultiDeviceModel(make(), devices)
@@ -107,7 +108,7 @@ def facts(steps: int = 5, d_hidden: int = 32, batch: int = 16, device="cpu") -> 
 def main() -> None:
     args = [int(a) for a in sys.argv[1:]]
     steps, d_hidden, batch = (args + [5, 32, 16][len(args):])[:3]
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)
     rt = runtime.current()
     runtime.report(backend=rt.backend, device=str(rt.device), **facts(steps, d_hidden, batch, rt.device))

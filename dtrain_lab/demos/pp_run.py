@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtrain_lab import caps
 from dtrain_lab.jobs import runtime
 from dtrain_lab.data import regression_dataset
 from dtrain_lab.models import MLP
@@ -210,7 +211,7 @@ def part_dims() -> dict:
 def main() -> None:
     parts = (sys.argv[1] if len(sys.argv) > 1 else "train").split(",")
     ms = [int(v) for v in sys.argv[2].split(",")] if len(sys.argv) > 2 else [3, 4]
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)   # ranks share the machine's cores
     rt = runtime.current()
     result = {"backend": rt.backend, "world_size": rt.world_size, "rank": rt.rank}

@@ -18,7 +18,6 @@ at several sizes, fitted to the α-β model (:func:`dtrain_lab.perfmodel.fit_col
 """
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -30,6 +29,7 @@ import torch._dynamo  # noqa: F401
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from dtrain_lab import caps
 from dtrain_lab import perfmodel
 from dtrain_lab.i18n import tr
 from dtrain_lab.jobs import runtime
@@ -121,10 +121,7 @@ def measure(max_ranks: int, blocks: int = 3, steps: int = 5, warmup: int = 2) ->
 
 
 def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:       # not Linux
-        return os.cpu_count() or 1
+    return caps.cores()
 
 
 def scaling_table(m: dict) -> list[dict]:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtrain_lab import caps
 from dtrain_lab.jobs import runtime
 from dtrain_lab.i18n import LabError
 from dtrain_lab.models import Block, seeded
@@ -195,7 +196,7 @@ def _torch_dtensor(mlp: nn.Module, x, probe, ours: dict, group) -> dict:
 
 
 def main() -> None:
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)   # two CPU ranks share the machine's cores
     rt = runtime.current()
     runtime.report(backend=rt.backend, device=str(rt.device), **facts(device=rt.device))

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtrain_lab import caps
 from dtrain_lab.comm.counted import CommTrace
 from dtrain_lab.demos import zero_cases
 from dtrain_lab.jobs import runtime
@@ -118,7 +119,7 @@ OPTIMIZERS = {"Adam": (torch.optim.Adam, {"lr": LR}),
 
 def main() -> None:
     rt = runtime.current()
-    if not torch.cuda.is_available():
+    if not caps.have("cuda"):
         torch.set_num_threads(1)          # CPU ranks share the machine's cores
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     n, r = rt.world_size, rt.rank

@@ -6,7 +6,7 @@
 
 The trust model (``docs/instructor_guide.md``, "what the grader proves"):
 
-* every rank runs in an OS sandbox of its own (:mod:`~dtrain_lab.grading.sandbox`): its own PID,
+* every rank runs in an OS sandbox of its own (:mod:`~dtrain_lab.sandbox.bwrap`): its own PID,
   user and mount namespaces, loopback-only network shared with its peers, no root, the course
   package read-only, resource limits; the job's PID namespace ends with it;
 * the rank runs only the learner's function (:mod:`~dtrain_lab.grading.harness`) and hands back the
@@ -31,7 +31,8 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from dtrain_lab.grading import registry, sandbox
+from dtrain_lab import caps
+from dtrain_lab.grading import registry
 from dtrain_lab.grading.exercise import Exercise, Run, own_words, problem  # noqa: F401
 from dtrain_lab.grading.registry import add_hidden_check  # noqa: F401
 from dtrain_lab.i18n import get_lang, tr
@@ -69,15 +70,17 @@ def exercises(lab: str | None = None) -> list[dict]:
 def check(exercise_id: str, path: str | None = None, *, lang: str | None = None) -> Verdict:
     """The notebook's one-line check cell: grade the file the cell above wrote and print the verdict.
 
-    Where this machine has no sandbox (macOS, or Linux without bubblewrap), the file runs
-    unsandboxed and the verdict says it is a self-check, not a grade."""
+    Where this machine cannot run the sandbox (macOS; a kernel that forbids unprivileged user
+    namespaces), the file runs without it and a line above the verdict says that this is a self-check,
+    not a grade. The verdict itself reads the same either way."""
     ex = registry.get(exercise_id)
     lang = lang or get_lang()
-    probe = sandbox.probe()
+    probe = caps.sandbox_probe()
     v = grade(exercise_id, path or ex.filename, lang=lang, sandbox=None if probe.ok else False)
     if not probe.ok and ex.static_check is None:
-        v.feedback = tr("grade_self_check", lang, reason=probe.reason) + "\n" + v.feedback
+        v.feedback = v.feedback.removesuffix("\n" + tr("grade_unsandboxed_note", lang))
         v.details["self_check"] = True
+        print(tr("grade_self_check", lang, reason=probe.reason))
     print(v.feedback)
     return v
 

@@ -36,6 +36,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from dtrain_lab import caps
 from dtrain_lab.grading.gradebook import gradescope_json, write_atomic
 from dtrain_lab.grading.intake import ROOT, lab_exercises, labs, resolve_lab
 from dtrain_lab.i18n import LANGS, LabError, both, get_lang, tr
@@ -43,7 +44,7 @@ from dtrain_lab.i18n import LANGS, LabError, both, get_lang, tr
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
 SANDBOX_USER = "dtrain-student"
-MODE_NOTE = {"user": "ag_mode_user", "unsandboxed": "ag_mode_unsandboxed", "refused": "ag_mode_refused"}
+MODE_NOTE = {"unsandboxed": "ag_mode_unsandboxed", "refused": "ag_mode_refused"}
 FILES = Path(__file__).resolve().parent / "autograder_files"
 
 
@@ -255,22 +256,14 @@ def sandbox_mode(allow_unsandboxed: bool = False) -> tuple[dict, dict]:
     """How submissions are isolated in this container, and the ``grade()`` keywords for it:
 
     * ``namespaces``: the grader's bubblewrap sandbox works here (proven by starting one);
-    * ``user``: no namespaces (Docker's default seccomp profile blocks them), the grader offers its
-      unprivileged-user mode (``"user" in sandbox.MODES``) and this process is root: ranks run as an
-      unprivileged user under rlimits, this root process judges and writes the results;
-    * ``unsandboxed``: neither, and the zip was built with ``--allow-unsandboxed``: the code runs
-      without isolation and every results.json says so;
-    * ``refused``: neither: launched exercises are not run (an ``error`` row says why); ``.env``
-      exercises, which are only read, are graded."""
-    try:
-        from dtrain_lab.grading import sandbox
-    except ImportError:   # a course without the sandbox module
-        return {"mode": "unsandboxed" if allow_unsandboxed else "refused", "reason": "no sandbox module"}, {}
-    probe = sandbox.probe()
+    * ``unsandboxed``: it does not (Docker's default seccomp profile forbids namespaces), and the zip
+      was built with ``--allow-unsandboxed``: the code runs without isolation and every
+      results.json says so;
+    * ``refused``: it does not: launched exercises are not run (an ``error`` row says why);
+      ``.env`` exercises, which are only read, are graded."""
+    probe = caps.sandbox_probe()
     if probe.ok:
         return {"mode": "namespaces", "reason": ""}, {}
-    if "user" in getattr(sandbox, "MODES", ()) and os.geteuid() == 0:
-        return {"mode": "user", "reason": probe.reason}, {"sandbox": "user"}
     if allow_unsandboxed:
         return {"mode": "unsandboxed", "reason": probe.reason}, {"sandbox": False}
     return {"mode": "refused", "reason": probe.reason}, {}

@@ -224,10 +224,10 @@ def run_class(folder: str | os.PathLike, *, jobs: int = 2, lang: str | None = No
     t0 = time.monotonic()
     items = scan(folder, lang, lab)
     if sandbox is not False and any(registry.get(i).static_check is None for item in items for i in item.exercises):
-        from dtrain_lab.grading import sandbox as sandboxing
+        from dtrain_lab import caps
 
-        if not sandboxing.probe().ok:
-            raise LabError("class_no_sandbox", reason=sandboxing.probe().reason)
+        if not caps.sandbox_probe().ok:
+            raise LabError("class_no_sandbox", reason=caps.sandbox_probe().reason)
     root = Path(tempfile.mkdtemp(prefix="dtrain-class-"))
     os.chmod(root, 0o700)
     try:

@@ -19,8 +19,8 @@ import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dtrain_lab import caps
 from dtrain_lab.grading import channel, registry, runner, trace
-from dtrain_lab.grading import sandbox as sandboxing
 from dtrain_lab.grading.exercise import Exercise, Run, problem
 from dtrain_lab.i18n import get_lang, tr
 from dtrain_lab.jobs.diagnose import is_secondary_error
@@ -128,8 +128,8 @@ def grade(exercise_id: str, submission: str | os.PathLike, *, lang: str | None =
         return _verdict(ex, "error", tr("grade_not_yet", lang, title=title, file=path.name,
                                         marker=_marker_line(source, ex.stub_marker)), lang, not_yet=True)
     sandboxed = sandbox is not False
-    if sandboxed and not sandboxing.probe().ok:
-        return _verdict(ex, "error", tr("grade_no_sandbox", lang, title=title, reason=sandboxing.probe().reason), lang,
+    if sandboxed and not caps.sandbox_probe().ok:
+        return _verdict(ex, "error", tr("grade_no_sandbox", lang, title=title, reason=caps.sandbox_probe().reason), lang,
                         refused="no_sandbox")
     v = _grade_launched(ex, path, lang, sandboxed)
     if not v.passed and v.outcome in ("wrong", "crash", "hang") and ex.explain is not None:
@@ -187,7 +187,7 @@ def _exception(ro, lang: str) -> str:
     if native:   # a C++ exception ended the rank (gloo's checks do): std::terminate, no Python traceback
         return channel.cut(f"{native.group(1)} (C++ abort): {native.group(2).strip()}", 400)
     if ro.signal == "SIGXFSZ":
-        return tr("grade_file_limit", lang, mb=sandboxing.Limits().file_mb)
+        return tr("grade_file_limit", lang, mb=runner.sandbox.Limits().file_mb)
     if ro.signal:
         return tr("grade_killed_by", lang, signal=ro.signal)
     for line in reversed(ro.stderr.splitlines()):
@@ -236,10 +236,10 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, sandboxed: bool) -> Ver
             exercise=ex.id, entry=ex.entry, submission=path, world_size=n, inputs=encoded, timeout=ex.timeout,
             startup_timeout=max(60.0, ex.timeout), env=dict(scenario.get("env", {})),
             max_restarts=scenario.get("max_restarts", 0), pg_timeout=ex.pg_timeout, setup=ex.setup, hide=ex.hide,
-            limits=sandboxing.Limits(memory_gb=ex.memory_limit_gb), sandboxed=sandboxed, lang=lang, shared=ex.shared))
+            limits=runner.sandbox.Limits(memory_gb=ex.memory_limit_gb), sandboxed=sandboxed, lang=lang, shared=ex.shared))
         elapsed += res.elapsed
         runs.append({"world_size": n, "elapsed": round(res.elapsed, 3), "sandboxed": res.sandboxed, "mode": res.mode,
-                     "zygote": res.zygote, "job": Path(res.job_dir).name,
+                     "job": Path(res.job_dir).name,
                      "to_first_start": None if res.to_first_start is None else round(res.to_first_start, 3),
                      "startup": None if res.startup is None else round(res.startup, 3)})
         v = _judge(ex, run, res, lang, title, scenario)
@@ -270,14 +270,17 @@ def _judge(ex: Exercise, run: Run, res, lang: str, title: str, scenario: dict) -
         lines += [_where(ro, lang) for ro in res.ranks]
         return _verdict(ex, "hang", "\n".join(lines), lang, world_size=n,
                         stacks={ro.rank: (ro.stack or "")[-8000:] for ro in res.ranks})
+    if res.start_error:   # the grader's machine could not start the job: not the submission's doing
+        return _verdict(ex, "error", tr("grade_sandbox_failed", lang, title=title, why=channel.cut(res.start_error, 300)),
+                        lang, world_size=n)
     run.timeline = {ro.rank: ro.trace for ro in res.ranks}
     run.traces = {ro.rank: trace.calls(ro.trace) for ro in res.ranks}
     run.exits = {ro.rank: ro.code for ro in res.ranks}
     run.ended = {ro.rank: ro.ended for ro in res.ranks}
     run.elapsed = res.elapsed
-    broken = [ro for ro in res.ranks if "start" not in ro.events and ("bwrap:" in ro.stderr or "nsbox:" in ro.stderr)]
+    broken = [ro for ro in res.ranks if "start" not in ro.events and "bwrap:" in ro.stderr]
     if broken:   # the sandbox itself did not start: not the submission's doing
-        line = next(ln for ln in broken[0].stderr.splitlines() if "bwrap:" in ln or "nsbox:" in ln)
+        line = next(ln for ln in broken[0].stderr.splitlines() if "bwrap:" in ln)
         return _verdict(ex, "error", tr("grade_sandbox_failed", lang, title=title, why=channel.cut(line, 300)), lang,
                         world_size=n)
     if any("missing_entry" in ro.events for ro in res.ranks):

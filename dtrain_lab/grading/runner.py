@@ -5,26 +5,26 @@ The grader's side of a graded job (the judging is in :mod:`dtrain_lab.grading.gr
 1. a private job folder: every rank's private inputs (only that rank's sandbox will contain its
    file), the files each rank may write (result, trace, events, error, stack), a copy of the
    submission, the supervisor's plan;
-2. the outer sandbox (:mod:`dtrain_lab.grading.sandbox`) with the supervisor in it, which starts
-   every rank in its inner sandbox and records how each ended;
+2. the job's supervisor (:mod:`dtrain_lab.sandbox.supervisor`), forked by this process's supervisor
+   server into the job's outer sandbox (:mod:`dtrain_lab.sandbox.bwrap`); it starts every rank in
+   its inner sandbox and records how each ended;
 3. two clocks, as in :func:`dtrain_lab.launch`: start-up until the first rank joined the process
    group, then the exercise's time limit; on a hang every rank is asked for its stack (SIGUSR1);
 4. the end: the outer sandbox is killed (its PID namespace dies with it: nothing of the job
    survives, whatever it forked), and only then are the ranks' files read, size-capped, decoded as
    data (:mod:`dtrain_lab.grading.channel`).
 
-Without a sandbox (``sandbox=False``: ``--no-sandbox``, or a self-check on macOS) the same job runs
-as plain processes; every process of it is still killed at the end, but nothing is private.
+Without a sandbox (``sandboxed=False``: ``--no-sandbox``, or a learner's self-check where bubblewrap
+cannot run) the same job runs as plain processes under the same supervisor, a child subreaper:
+every process of it is still killed at the end (:mod:`dtrain_lab.sandbox.contain`), but nothing is
+private.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -34,14 +34,15 @@ from typing import Any
 
 import psutil
 
-from dtrain_lab.grading import channel, sandbox, supervisors, trace, zygote
+from dtrain_lab.grading import channel, trace
+from dtrain_lab.i18n import both
 from dtrain_lab.jobs import _procs
-from dtrain_lab.jobs._forkserve import slot_env
 from dtrain_lab.jobs.diagnose import WaitSite, wait_site
 from dtrain_lab.jobs.options import prune_old
+from dtrain_lab.sandbox import bwrap as sandbox
+from dtrain_lab.sandbox import contain, enter, supervisors
 
-SUPERVISOR = str(Path(__file__).resolve().parent / "supervisor.py")
-ZYGOTE_RANK_PREFIX = zygote.RANK_NAME.split("{")[0]
+RANK_PREFIX = enter.RANK_NAME.split("{")[0]   # the rank processes' name (comm): harness-rank-N
 RW_FILES = ("result", "trace", "events", "error", "stack")
 MAX_TRACE = 4 << 20
 MAX_EVENTS = 256 << 10
@@ -65,7 +66,6 @@ class JobSpec:
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
     sandboxed: bool = True
     lang: str = "en"
-    mode: str | None = None          # "bwrap" or "unshare"; None: what sandbox.probe() found
     shared: bool = False             # mount the job's /shared in every rank (Exercise.shared)
 
 
@@ -105,11 +105,9 @@ class JobResult:
     attempts: int = 0
     ranks: list = field(default_factory=list)
     sandboxed: bool = True
-    mode: str = "none"                     # "bwrap", "unshare" or "none"
+    mode: str = "none"                     # "bwrap" or "none"
     to_first_start: float | None = None   # seconds from launch until the first rank's harness ran
-    zygote: bool = False                  # every rank of the last attempt entered its sandbox from the zygote
-    zygote_error: str = ""                # why the supervisor fell back to a fresh python per rank
-    served: bool = False                  # the supervisor was forked by the supervisor server (grading/supervisors.py)
+    start_error: str = ""                 # the grader's machine could not start the job (not the submission's doing)
     job_dir: str = ""
 
 
@@ -141,18 +139,15 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
     for name in ("spec.json", "submission.py"):
         (job_dir / name).chmod(0o644)
     etc = sandbox.etc_files(job_dir / "etc") if spec.sandboxed else {}
-    mode = spec.mode or sandbox.probe().mode
     shared = job_dir / "shared"
     shared.mkdir(mode=0o755)
     hidden = {}
     for module in spec.hide:
-        target = sandbox.module_file(module)
+        target = module_file(module)
         if target is not None:
-            hidden[str(target)] = sandbox.stub_module(job_dir / "hide", module)
+            hidden[str(target)] = stub_module(job_dir / "hide", module)
     job_id = job_dir.name
     ranks = []
-    zygote = spec.sandboxed and mode == "bwrap" and use_zygote(spec.env)
-    zygote_ranks: list = []
     for r in range(spec.world_size):
         rdir = job_dir / f"rank{r}"
         rdir.mkdir(mode=0o755)
@@ -170,8 +165,9 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
                     "TORCHELASTIC_RESTART_COUNT": "{attempt}", "DTRAIN_BACKEND": "gloo", "GLOO_SOCKET_IFNAME": "lo",
                     "DTRAIN_LANG": spec.lang, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
                     "OMP_NUM_THREADS": "1", _procs.JOB_ENV: job_id, **spec.env}
-        command = [sys.executable, "-m", "dtrain_lab.grading.harness", "--rank", str(r)]
         adir_t = str(rdir / "a{attempt}")
+        rank = {"module": "dtrain_lab.grading.harness", "args": ["--rank", str(r)],
+                "stdout": f"{adir_t}/stdout.log", "stderr": f"{adir_t}/stderr.log"}
         if spec.sandboxed:
             env = {**base_env, "HOME": sandbox.HOME, "USER": "learner", "LOGNAME": "learner", "PATH": "/usr/bin:/bin",
                    "PYTHONPATH": str(sandbox.PACKAGE_DIR.parent), "TMPDIR": "/tmp",
@@ -181,17 +177,10 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
             ro = {f"{sandbox.IO}/inputs": rdir / "inputs", f"{sandbox.IO}/spec.json": job_dir / "spec.json",
                   f"{sandbox.IO}/submission.py": job_dir / "submission.py", **hidden}
             rw = {f"{sandbox.IO}/out/{name}": f"{adir_t}/{name}" for name in RW_FILES}
-            root = rdir / "nsroot"
-            root.mkdir(mode=0o755)
-            argv = sandbox.inner_argv(env=env, ro=ro, rw=rw, limits=spec.limits, command=command, etc=etc, mode=mode,
-                                      root=root, shared=shared, share=spec.shared)
-            env_for_supervisor = {"PATH": "/usr/bin:/bin"}
-            if zygote:   # the same sandbox around a placeholder, entered by the supervisor (grading/zygote.py)
-                placeholder = sandbox.inner_argv(env=env, ro=ro, rw=rw, limits=spec.limits, command=_PLACEHOLDER,
-                                                 etc=etc, mode=mode, root=root, shared=shared, share=spec.shared)
-                zygote_ranks.append({"placeholder": placeholder, "bwrap": sandbox.probe("bwrap").bwrap,
-                                     "home": sandbox.HOME, "module": command[2], "args": command[3:],
-                                     "env": {k: str(v) for k, v in env.items()}})
+            # the rank's sandbox around a placeholder, which the supervisor enters (sandbox/enter.py)
+            rank["placeholder"] = sandbox.inner_argv(env=env, ro=ro, rw=rw, limits=spec.limits, command=_PLACEHOLDER,
+                                                     etc=etc, share=spec.shared)
+            rank["home"] = sandbox.HOME
         else:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("DTRAIN_GRADE", "DTRAIN_HIDDEN"))}
             env.update({k: str(v) for k, v in base_env.items()})
@@ -200,35 +189,35 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
                         "DTRAIN_GRADE_IO": adir_t, "DTRAIN_GRADE_INPUTS": str(rdir / "inputs"),
                         "DTRAIN_GRADE_SPEC": str(job_dir / "spec.json"),
                         "DTRAIN_GRADE_SUBMISSION": str(job_dir / "submission.py"), "DTRAIN_GRADE_SHARED": str(shared)})
-            argv, env_for_supervisor = command, env
-        ranks.append({"argv": argv, "env": {k: str(v) for k, v in env_for_supervisor.items()},
-                      "stdout": f"{adir_t}/stdout.log", "stderr": f"{adir_t}/stderr.log"})
-    for rank, z in zip(ranks, zygote_ranks):
-        rank["zygote"] = z
-    return {"world": spec.world_size, "max_restarts": spec.max_restarts, "ranks": ranks,
-            **({"zygote": {"sys_path": _fresh_sys_path()}} if zygote else {}),
+            rank["home"] = str(rdir)
+        rank["env"] = {k: str(v) for k, v in env.items()}
+        ranks.append(rank)
+    mode = "bwrap" if spec.sandboxed else "none"
+    return {"world": spec.world_size, "max_restarts": spec.max_restarts, "ranks": ranks, "mode": mode,
+            "bwrap": sandbox.probe().bwrap if spec.sandboxed else None, "sys_path": list(supervisors.fresh_sys_path()),
             "limits": spec.limits.rlimits(), "status": str(job_dir / "status.jsonl"),
-            "port_base": 29500 if spec.sandboxed else 0, "mode": mode if spec.sandboxed else "none",
-            "shared": str(shared), "shared_bytes": spec.limits.shared_mb << 20, "supervisor": SUPERVISOR}
+            "port_base": 29500 if spec.sandboxed else 0}
 
 
 _PLACEHOLDER = [shutil.which("sleep") or "/usr/bin/sleep", "infinity"]
 
 
-def use_zygote(env: dict) -> bool:
-    """Whether the ranks may be started through the zygote (:mod:`dtrain_lab.grading.zygote`): not where
-    the job sets a variable torch could read when it is imported (the zygote imported it without), nor
-    with ``DTRAIN_GRADE_ZYGOTE=0``."""
-    return os.environ.get("DTRAIN_GRADE_ZYGOTE", "1").strip() != "0" and all(str(k).startswith("DTRAIN_") for k in env)
+def stub_module(folder: Path, module: str) -> Path:
+    """A stand-in for a library module the exercise asks the learner to write: importing it
+    raises ImportError, in both languages, naming the module."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / (module.replace(".", "_") + ".py")
+    path.write_text(f"raise ImportError({both('grade_module_hidden', module=module)!r})\n")
+    path.chmod(0o644)
+    return path
 
 
-@functools.lru_cache(maxsize=1)
-def _fresh_sys_path() -> list:
-    """``sys.path`` of a fresh ``python`` (after ``site``), without the working folder or ``PYTHONPATH``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    out = subprocess.run([sys.executable, "-c", "import sys, json; print(json.dumps(sys.path[1:]))"],
-                         capture_output=True, text=True, env=env, cwd="/", timeout=60)
-    return [p for p in json.loads(out.stdout) if p and os.path.exists(p)]
+def module_file(module: str) -> Path | None:
+    rel = Path(*module.split(".")[1:])
+    for p in (sandbox.PACKAGE_DIR / rel.with_suffix(".py"), sandbox.PACKAGE_DIR / rel / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
 
 
 def _events(path: Path) -> dict:
@@ -268,41 +257,15 @@ def _rank_processes(root: psutil.Process) -> dict[int, psutil.Process]:
         return found
     for p in procs:
         try:
-            cmd = p.cmdline()   # the sandbox's own processes carry the same words as arguments: skip them
             name = p.name()
-            if cmd[1:4] == ["-m", "dtrain_lab.grading.harness", "--rank"]:
-                r = int(cmd[4])
-            elif name.startswith(ZYGOTE_RANK_PREFIX):    # a rank the zygote started (grading/zygote.py)
-                r = int(name[len(ZYGOTE_RANK_PREFIX):])
-            else:
+            if not name.startswith(RANK_PREFIX):    # a rank the supervisor started (sandbox/enter.py)
                 continue
+            r = int(name[len(RANK_PREFIX):])
             if r not in found or p.create_time() < found[r].create_time():
                 found[r] = p
         except (psutil.Error, ValueError, IndexError):
             continue
     return found
-
-
-def _served_supervisor(spec: JobSpec, job_dir: Path, plan: dict):
-    """The job's supervisor forked by this process's supervisor server into the job's outer sandbox
-    (:mod:`dtrain_lab.grading.supervisors`), or None: then it starts as a fresh python, as before."""
-    outer = sandbox.outer_argv(job_dir, spec.limits, _PLACEHOLDER, "bwrap")
-    proc = supervisors.start(outer, sandbox.probe("bwrap").bwrap, str(job_dir / "plan.json"),
-                             str(job_dir / "supervisor.log"), plan["zygote"]["sys_path"])
-    if proc is not None and not supervisors.entered(proc, job_dir / "status.jsonl"):
-        proc.kill()   # it could not enter: nothing of the job ran
-        return None
-    return proc
-
-
-def _kill(proc, job_id: str, since: float) -> None:
-    if isinstance(proc, supervisors.ServedSupervisor):
-        proc.stop()   # its outer placeholder sandbox; the supervisor itself goes with its group below
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    _procs.kill_job(job_id, proc, since=since)
 
 
 def run(spec: JobSpec) -> JobResult:
@@ -311,21 +274,19 @@ def run(spec: JobSpec) -> JobResult:
     job_dir.mkdir(mode=0o700)
     plan = _prepare(spec, job_dir)
     (job_dir / "plan.json").write_text(json.dumps(plan))
-    supervisor = [sys.executable, "-I", "-S", SUPERVISOR, str(job_dir / "plan.json")]
-    cmd = sandbox.outer_argv(job_dir, spec.limits, supervisor, plan["mode"]) if spec.sandboxed else supervisor
-    # in zygote mode the ranks are forks of the supervisor: it gets no variable of the grader's, only the
-    # room its ranks' environments are written into (_forkserve.show_environment)
-    env = slot_env() if "zygote" in plan else None
     res = JobResult(world_size=spec.world_size, sandboxed=spec.sandboxed, job_dir=str(job_dir), mode=plan["mode"])
     t0, wall0 = time.monotonic(), time.time()
-    proc = _served_supervisor(spec, job_dir, plan) if "zygote" in plan else None
-    res.served = proc is not None
-    if proc is None:
-        with open(job_dir / "supervisor.log", "ab") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True, preexec_fn=_procs.set_parent_death_signal)
+    outer = sandbox.outer_argv(job_dir, spec.limits, _PLACEHOLDER) if spec.sandboxed else None
+    try:
+        proc = supervisors.start(str(job_dir / "plan.json"), str(job_dir / "supervisor.log"), outer, plan["bwrap"])
+    except supervisors.StartError as exc:
+        res.start_error = str(exc)[:2000]
+        res.elapsed = time.monotonic() - t0
+        _collect(spec, job_dir, res, wall0)
+        return res
     ready_at, attempt, t_attempt = None, 0, t0
     try:
+        supervisors.started(proc, job_dir / "status.jsonl")
         while proc.poll() is None:
             now = time.monotonic()
             a = _current_attempt(job_dir)
@@ -344,7 +305,8 @@ def run(spec: JobSpec) -> JobResult:
         if res.hung:
             _collect_stacks(proc, job_dir, attempt, res)
     finally:
-        _kill(proc, job_dir.name, wall0)
+        contain.kill_tree(proc.pid)   # the supervisor is a subreaper: its tree is the whole job
+        proc.kill()
     res.elapsed = time.monotonic() - t0
     _collect(spec, job_dir, res, wall0)
     return res
@@ -382,9 +344,8 @@ def _collect(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> None
     res.attempts = 1 + max([s["attempt"] for s in status if s.get("event") == "attempt"], default=0)
     last = res.attempts - 1
     exits = {s["rank"]: s for s in status if s.get("event") == "exit" and s.get("attempt") == last}
-    entered = {s["rank"] for s in status if s.get("event") == "zygote" and s.get("ok") and s.get("attempt") == last}
-    res.zygote = entered == set(range(spec.world_size))
-    res.zygote_error = next((s.get("error", "") for s in status if s.get("event") == "zygote" and not s.get("ok")), "")
+    killed = {s["rank"]: s for s in status if s.get("event") == "killed" and s.get("attempt") == last}
+    res.start_error = res.start_error or next((s.get("error", "") for s in status if s.get("event") == "start_failed"), "")
     res.ok = not res.hung and any(s.get("event") == "end" and s.get("ok") for s in status)
     lim = spec.limits.log_bytes
     starts = []
@@ -394,6 +355,8 @@ def _collect(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> None
         if r in exits:
             ro.code, ro.ended = exits[r].get("code"), exits[r].get("t")
             ro.signal = _signal_name(ro.code, spec.sandboxed)
+        elif r in killed:   # the supervisor ended it when a peer failed (SIGKILL), as torchrun does
+            ro.signal, ro.ended = "SIGKILL", killed[r].get("t")
         ev = _events(adir / "events")
         ro.events = {k: v.get("t") for k, v in ev.items()}
         if "done" in ev:

@@ -1,60 +1,48 @@
-"""Forks torchrun agents from one Python that has imported torch already; stdlib and torch only.
+"""Forks torchrun agents from one Python that has imported torch already.
 
 ``python -m torch.distributed.run`` spends most of its CPU on ``import torch`` (about 1.4 s on this
 course's 2-core machine), and a rank that builds its first ``torch.optim`` optimizer imports
-``torch._dynamo`` (about 1.3 s more). :mod:`dtrain_lab.jobs.agents` starts this program once per
-launching process (a notebook kernel, a test worker) and asks it for every launch that can use it.
-It imports both once; each launch's agent is a fork of it that runs ``torch.distributed.run`` exactly
-as ``python -m torch.distributed.run ARGS`` would (``runpy._run_module_as_main``: the same
-``__main__``, ``sys.argv`` and ``sys.path[0]``), in its own session, with the launch's environment,
-working folder and output file, and default signal handlers. torchrun then forks the ranks from that
-agent (``--start-method fork``), so they have torch and ``torch._dynamo`` imported too.
+``torch._dynamo`` (about 1.3 s more). :mod:`dtrain_lab.jobs.agents` starts this program
+(``python -m dtrain_lab.jobs._agent_server``) once per launching process (a notebook kernel, a test
+worker) and asks it for every launch that can use it. It imports both once. For each launch it forks
+a child that is the launch's init (:func:`dtrain_lab.sandbox.contain.init`: every process of the
+job stays in its tree, and it kills what is left when torchrun ends), and that child forks torchrun's
+agent, which runs ``torch.distributed.run`` exactly as ``python -m torch.distributed.run ARGS`` would
+(:mod:`dtrain_lab.sandbox.child`), with the launch's environment, working folder and output file.
+torchrun then forks the ranks from that agent (``--start-method fork``), so they have torch and
+``torch._dynamo`` imported too.
 
-The loop and its protocol are :mod:`dtrain_lab.jobs._forkserve`'s; a request is ``{"argv", "env",
-"cwd", "log"}``. On its client's end (its stdin closes) every agent still running gets SIGTERM, what
-the kernel sent a fresh agent when a launcher died (``_procs.set_parent_death_signal``); it also ends
-after ``IDLE_S`` idle seconds. Every agent gets ``SIGTERM`` if this process dies.
+The loop and its protocol are :mod:`dtrain_lab.sandbox.forkserve`'s; a request is ``{"argv", "env",
+"cwd", "log", "report"}``. On its client's end (its stdin closes) every process of every launch still
+running is killed (a fresh launch's init gets SIGTERM from the kernel then, and does the same); it
+also ends after ``IDLE_S`` idle seconds.
 """
 import os
-import runpy
 import signal
 import sys
-import traceback
 
-import _forkserve   # this file's folder is sys.path[0]
+from dtrain_lab.sandbox import child, contain, forkserve
 
 IDLE_S = 600.0
-_BASE_PATH = sys.path[1:]   # sys.path[0] is this file's folder; an agent gets its own working folder there
-_block = None               # this process's environment block (_forkserve.environ_block)
+_BASE_PATH = sys.path[1:]   # sys.path[0] is the server's working folder; an agent gets its own there
 
 
-def _agent(request: dict, server: int) -> None:
-    """In the forked child: become ``python -m torch.distributed.run ARGV``. Never returns."""
-    code = 1
-    try:
-        _forkserve.detach(server, signal.SIGTERM, request["log"])   # torchrun stops its workers on SIGTERM
-        for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        _forkserve.show_environment(_block, request["env"])   # the job sweep finds it by DTRAIN_JOB_ID
-        sys.path[:] = [os.getcwd()] + _BASE_PATH
+def _torchrun(request: dict) -> int:
+    pid = os.fork()
+    if pid == 0:
+        child.reset(env=request["env"], cwd=request["cwd"])
         sys.modules.pop("torch.distributed.run", None)   # runpy runs it afresh as __main__ (its imports stay)
-        sys.argv = ["torchrun", *request["argv"]]   # argv[0] becomes run.py's path, as with python -m
-        runpy._run_module_as_main("torch.distributed.run", alter_argv=True)  # type: ignore[attr-defined]
-        code = 0
-    except SystemExit as exc:
-        code = _forkserve.exit_code(exc)
-    except BaseException:  # noqa: BLE001 - printed as at top level, like torchrun's own traceback
-        try:
-            sys.excepthook(*sys.exc_info())
-        except BaseException:  # noqa: BLE001
-            traceback.print_exc()
-        code = 1
+        child.run_main(["-m", "torch.distributed.run", *request["argv"]], _BASE_PATH)
+    return pid
+
+
+def _launch(request: dict, server: int) -> None:
+    """In the forked child: the launch's init, around torchrun's agent. Never returns."""
+    try:
+        forkserve.detach(server, signal.SIGTERM, request["log"])   # torchrun stops its workers on SIGTERM
+        contain.init(lambda: _torchrun(request), report=request.get("report"))
     finally:
-        _forkserve.flush_exit(code)
+        os._exit(125)
 
 
 def main() -> None:
@@ -62,10 +50,7 @@ def main() -> None:
     import torch._dynamo  # noqa: F401 - what a rank's first optimizer would import
     import torch.distributed.run  # noqa: F401
 
-    global _block
-    _block = _forkserve.environ_block()
-    # on its client's end every agent gets SIGTERM: torchrun stops its workers on it
-    _forkserve.serve(_agent, signal.SIGTERM, IDLE_S)
+    forkserve.serve(_launch, IDLE_S)
 
 
 if __name__ == "__main__":

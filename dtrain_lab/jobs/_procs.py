@@ -1,100 +1,42 @@
-"""Finding and killing every process of a launched job, so that none survives it.
+"""Ending every process of a launched job, so that none survives it, and asking ranks for their stacks.
 
-A job's processes are found three ways, because each alone misses some:
-
-* the launcher starts torchrun in a new session (its own process group): ``killpg`` reaches every
-  process that stayed in that group;
-* the process tree under torchrun: reaches processes that changed group but kept their parent;
-* the marker ``DTRAIN_JOB_ID=<id>`` in the environment every process of the job inherits: reaches
-  a double-forked, ``setsid`` daemon whose parent already exited (it was re-parented to init).
-
-Killing is ``SIGKILL`` and repeated until a sweep finds nothing, since a process can fork while the
-previous sweep runs.
+Every launch runs under an init (:mod:`dtrain_lab.sandbox.contain`): a child subreaper that holds the
+job's whole process tree, a double-forked ``setsid`` daemon included, and kills what is left of it
+when torchrun ends. :func:`kill_job` kills that tree from outside (a time-out, Ctrl-C).
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
 import time
 
-import psutil
+from dtrain_lab.sandbox import child, contain
 
-JOB_ENV = "DTRAIN_JOB_ID"
+JOB_ENV = "DTRAIN_JOB_ID"   # the job's id, in every rank's environment (a label: nothing finds processes by it)
 
 
 def set_parent_death_signal() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: have the kernel SIGTERM torchrun if the launching process (a notebook kernel) dies,
-    so that torchrun stops its workers instead of leaving them orphaned."""
+    """Linux: have the kernel SIGTERM the job's init if the launching process (a notebook kernel)
+    dies; it passes it on to torchrun, which stops its workers, and then kills what is left."""
     if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+        child.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def job_processes(job_id: str, root_pid: int | None = None, since: float = 0.0) -> list[psutil.Process]:
-    """Every live process of the job (not the caller)."""
-    found: dict[int, psutil.Process] = {}
-    me = os.getpid()
-    if root_pid is not None:
+def kill_job(popen, report: str | None = None) -> int:
+    """SIGKILL every process of the job whose init is ``popen`` (until none is left), then the init;
+    wait for it. Returns how many processes were killed, counting those the init itself killed when
+    the job ended (the number it wrote to ``report``)."""
+    killed = contain.kill_tree(popen.pid) if popen.poll() is None else 0
+    try:
+        popen.wait(timeout=5)
+    except Exception:  # noqa: BLE001
+        pass
+    if report:
         try:
-            root = psutil.Process(root_pid)
-            for p in [root, *root.children(recursive=True)]:
-                found[p.pid] = p
-        except psutil.Error:
-            pass
-    uid = os.getuid()
-    for p in psutil.process_iter(["pid", "create_time", "uids"]):
-        try:
-            if p.pid == me or p.pid in found:
-                continue
-            if p.info["create_time"] is not None and p.info["create_time"] < since - 1.0:
-                continue
-            if p.info["uids"] is not None and p.info["uids"].real != uid and uid != 0:
-                continue
-            if p.environ().get(JOB_ENV) == job_id:
-                found[p.pid] = p
-        except (psutil.Error, OSError):
-            continue
-    live = []
-    for p in found.values():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                live.append(p)
-        except psutil.Error:
-            pass
-    return live
-
-
-def kill_job(job_id: str, popen=None, since: float = 0.0, rounds: int = 20) -> int:
-    """SIGKILL every process of the job until none is left; returns how many were alive to kill."""
-    killed = 0
-    root_pid = popen.pid if popen is not None else None
-    for _ in range(rounds):
-        procs = job_processes(job_id, root_pid, since)
-        if popen is not None and popen.poll() is None:
-            try:
-                os.killpg(popen.pid, signal.SIGKILL)  # torchrun leads its own session / group
-            except (ProcessLookupError, PermissionError):
-                pass
-        if not procs:
-            break
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass  # already gone by killpg: it was alive when found, so it counts
-            except psutil.Error:
-                continue
-            killed += 1
-        psutil.wait_procs(procs, timeout=1.0)
-    if popen is not None:
-        try:
-            popen.wait(timeout=5)
-        except Exception:  # noqa: BLE001
+            with open(report) as f:
+                killed += int(f.read().strip() or 0)
+        except (OSError, ValueError):
             pass
     return killed
 

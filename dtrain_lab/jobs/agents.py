@@ -25,9 +25,8 @@ import sys
 import threading
 from pathlib import Path
 
-from dtrain_lab.jobs._forkserve import Client, Served, fits, slot_env
+from dtrain_lab.sandbox.forkserve import Client, Served
 
-SERVER_FILE = str(Path(__file__).with_name("_agent_server.py"))
 MAX_SERVERS = 2
 START_TIMEOUT_S = 120.0
 
@@ -37,8 +36,8 @@ _servers: dict[tuple, "_Server"] = {}
 
 class _Server(Client):
     def __init__(self, env: dict[str, str]):
-        env = {**env, **slot_env()}   # last: room for each agent's own environment (_forkserve)
-        super().__init__([sys.executable, SERVER_FILE], env, "dtrain-agent-server", START_TIMEOUT_S)
+        super().__init__([sys.executable, "-m", "dtrain_lab.jobs._agent_server"], env, "dtrain-agent-server",
+                         START_TIMEOUT_S)
 
 
 def served(opts) -> bool:
@@ -53,14 +52,13 @@ def _key_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("DTRAIN_")}
 
 
-def start(cmd: list[str], env: dict[str, str], log: Path) -> Served | None:
+def start(cmd: list[str], env: dict[str, str], log: Path, report: Path) -> Served | None:
     """Fork ``cmd`` (``[python, "-m", "torch.distributed.run", ...]``) from the server for ``env``,
-    starting the server first if needed. None where no server can be had: the caller starts a fresh
+    starting the server first if needed, under the launch's init (which writes to ``report`` how many
+    processes it killed at the end). None where no server can be had: the caller starts a fresh
     Python instead."""
     if cmd[1:3] != ["-m", "torch.distributed.run"]:
         return None
-    if not fits({k: v for k, v in env.items() if k.startswith("DTRAIN_")}):
-        return None   # would not fit the server's environment block
     base = _key_env(env)
     key = tuple(sorted(base.items()))
     with _lock:
@@ -78,7 +76,7 @@ def start(cmd: list[str], env: dict[str, str], log: Path) -> Served | None:
                 server = _servers[key] = _Server(base)
             except OSError:
                 return None
-    pid = server.fork({"argv": cmd[3:], "env": env, "cwd": os.getcwd(), "log": str(log)})
+    pid = server.fork({"argv": cmd[3:], "env": env, "cwd": os.getcwd(), "log": str(log), "report": str(report)})
     return None if pid is None else Served(server, pid)
 
 

@@ -27,7 +27,9 @@ What happens, in order:
    dtrain_lab are diagnosed too); the report says where each rank waits. Then every process of the
    job is killed and ``LaunchResult.hung`` is True.
 5. Ctrl-C / the notebook's stop button kills every process of the job and re-raises
-   ``KeyboardInterrupt``. No process of the job survives any path (:mod:`dtrain_lab.jobs._procs`).
+   ``KeyboardInterrupt``. No process of the job survives any path: torchrun runs under the job's init,
+   a child subreaper that holds every process the job starts (:mod:`dtrain_lab.sandbox.contain`),
+   and the launcher kills that tree at the end (:mod:`dtrain_lab.jobs._procs`).
 
 The pieces: :mod:`~dtrain_lab.jobs.options` (the validated settings, the command, the ranks'
 environment), :mod:`~dtrain_lab.jobs.output` (tailing and showing the ranks' output),
@@ -53,6 +55,7 @@ from dtrain_lab.jobs.options import (DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_TIMEOUT_
 from dtrain_lab.jobs.outcome import attach_exceptions, first_failure, read_errors
 from dtrain_lab.jobs.output import MAX_LINE_CHARS, Display, RankOutput, grouped
 from dtrain_lab.jobs.result import LaunchResult, RankResult, gathered, load_reports, read_jsonl
+from dtrain_lab.sandbox import python_m
 
 __all__ = ["launch", "LaunchResult", "RankResult", "LaunchOptions", "show_stack", "default_nproc",
            "gathered", "load_reports", "read_jsonl", "PACKAGE_PARENT"]
@@ -95,7 +98,7 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
         out.renumber(_started_ranks(job_dir), opts.nproc)
     if hung:
         collect_stacks(job_dir, out.ranks)
-    killed = _procs.kill_job(job_id, job.proc, since=job.wall0)
+    killed = _procs.kill_job(job.proc, str(job.report))
     agent_output = job.close()
     out.pump(final=True)
 
@@ -118,10 +121,12 @@ class _Job:
         self.t0 = time.monotonic()
         self.wall0 = time.time()
         self.agent_log = job_dir / "agent.log"
+        self.report = job_dir / "contained.txt"   # how many leftovers the init killed (sandbox.contain)
         self.reader = None
-        self.proc = agents.start(cmd, env, self.agent_log) if served else None
-        if self.proc is None:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        self.proc = agents.start(cmd, env, self.agent_log, self.report) if served else None
+        if self.proc is None:   # torchrun under a fresh init (a child subreaper that holds the job's tree)
+            init = python_m("dtrain_lab.sandbox.contain", "--report", str(self.report), "--", *cmd)
+            self.proc = subprocess.Popen(init, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          preexec_fn=_procs.set_parent_death_signal)
             self.reader = threading.Thread(target=self._read_agent, daemon=True)

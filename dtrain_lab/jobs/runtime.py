@@ -50,6 +50,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dtrain_lab import caps
 from dtrain_lab.i18n import LabError
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -140,12 +141,8 @@ def in_notebook() -> bool:
 
 
 def gpu_count() -> int:
-    import torch
-
-    try:
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # a broken driver must not break CPU runs
-        return 0
+    """CUDA GPUs visible here (:func:`dtrain_lab.caps.gpu_count`: 0 with ``DTRAIN_CAPS=cuda=0``)."""
+    return caps.gpu_count()
 
 
 def choose_backend(local_world_size: int = 1) -> str:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
+from dtrain_lab import caps
 from dtrain_lab import i18n
 from dtrain_lab.nccl.lint import lint_env, relevant
 from dtrain_lab.nccl.recommend import GIB, SHM_MIN, recommend
@@ -22,11 +23,8 @@ ICON = {"error": "✗", "warning": "!", "info": "·"}
 
 
 def _cuda_available(torch) -> bool:
-    # A CPU build, a missing driver or a broken one must never break the doctor.
-    try:
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
+    # A CPU build, a missing driver or a broken one must never break the doctor (caps catches them).
+    return caps.have("cuda")
 
 
 def _torch_info() -> dict:
@@ -64,7 +62,7 @@ def _gpu_info(cuda_available: bool) -> dict:
         try:
             import torch
 
-            info["count"] = torch.cuda.device_count()
+            info["count"] = caps.gpu_count()
             for i in range(info["count"]):
                 p = torch.cuda.get_device_properties(i)
                 info["devices"].append({"index": i, "name": p.name,

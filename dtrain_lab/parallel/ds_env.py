@@ -13,7 +13,6 @@ import contextlib
 import io
 import logging
 import os
-import shutil
 import sys
 import time
 import warnings
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from dtrain_lab import caps
 from dtrain_lab.comm import groups
 from dtrain_lab.i18n import tr
 
@@ -60,12 +60,7 @@ def extensions_dir() -> str:
 
 
 def cuda_available() -> bool:
-    import torch
-
-    try:
-        return torch.cuda.is_available() and torch.cuda.device_count() > 0
-    except Exception:  # noqa: BLE001 - a broken driver means CPU
-        return False
+    return caps.have("cuda")
 
 
 def _quiet_logs() -> None:
@@ -102,7 +97,7 @@ def import_deepspeed(device_type: str | None = None):
 
 
 def has_compiler() -> bool:
-    return shutil.which(os.environ.get("CXX", "g++") or "g++") is not None and shutil.which("ninja") is not None
+    return caps.have("compiler")
 
 
 def _skip_shm_op_without_compiler(deepspeed) -> None:
@@ -126,14 +121,7 @@ def _skip_shm_op_without_compiler(deepspeed) -> None:
 def fp16_supported() -> bool:
     """True where DeepSpeed accepts ``fp16``: a CUDA GPU, or a CPU whose oneDNN has fp16 kernels (the
     CPU accelerator's own test, ``torch.ops.mkldnn._is_mkldnn_fp16_supported``)."""
-    if cuda_available():
-        return True
-    import torch
-
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-    except Exception:  # noqa: BLE001
-        return False
+    return caps.have("cuda") or caps.have("cpu_fp16")
 
 
 def _why(feature: str, lang: str | None = None) -> str:

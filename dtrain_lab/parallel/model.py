@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dtrain_lab import caps
 from dtrain_lab.comm import groups
 from dtrain_lab.comm.groups import Group
 from dtrain_lab.i18n import LabError
@@ -142,7 +143,7 @@ class MultiDeviceModel(nn.Module):
         devices = [torch.device(d) for d in devices]
         cuda = sorted({d.index or 0 for d in devices if d.type == "cuda"})
         if cuda:   # GPU path: checked here, never touched on a CPU machine
-            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            have = caps.gpu_count()
             if cuda[-1] >= have:
                 raise LabError("mp_missing_gpu", need=cuda[-1] + 1, have=have)
         self.devices = devices

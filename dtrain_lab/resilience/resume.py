@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dtrain_lab import caps
 from dtrain_lab.comm import groups
 from dtrain_lab.comm.groups import Group
 from dtrain_lab.i18n import LabError
@@ -27,7 +28,7 @@ def rng_state() -> dict:
     """This process's RNG states: Python ``random``, torch CPU, CUDA (when initialised), NumPy
     (when imported). Only tensors, ints, strings and tuples: loadable with ``weights_only=True``."""
     out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if caps.have("cuda") and torch.cuda.is_initialized():
         out["cuda"] = torch.cuda.get_rng_state_all()
     np = sys.modules.get("numpy")
     if np is not None:
@@ -39,7 +40,7 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     random.setstate(_as_tuple(state["python"]))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and caps.have("cuda"):
         torch.cuda.set_rng_state_all(state["cuda"])
     if "numpy" in state:
         import numpy as np

@@ -14,14 +14,11 @@ def main() -> None:
     rt = runtime.current()
     x = torch.tensor([float(rt.rank + 1)])
     dist.all_reduce(x)
-    with open(f"/proc/{os.getpid()}/environ", "rb") as f:   # what psutil and the job sweep read
-        shown = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
     runtime.report(
         sum=x.item(), name=__name__, argv=sys.argv[1:], cwd=os.getcwd(), path0=sys.path[0],
         env={k: os.environ.get(k) for k in ("DTRAIN_TEST_TAG", "DTRAIN_PROBE", "AGENT_PROBE_VAR", "OMP_NUM_THREADS", "RANK",
                                             "WORLD_SIZE", "TORCHELASTIC_RUN_ID")},
-        shown_job_id=shown.get(b"DTRAIN_JOB_ID", b"").decode(), job_id=os.environ.get("DTRAIN_JOB_ID"),
-        shown_tag=shown.get(b"DTRAIN_TEST_TAG", b"").decode(), threads=torch.get_num_threads(),
+        job_id=bool(os.environ.get("DTRAIN_JOB_ID")), threads=torch.get_num_threads(),
         seed=torch.initial_seed(), dynamo="torch._dynamo" in sys.modules)
 
 

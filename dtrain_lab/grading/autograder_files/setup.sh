@@ -18,9 +18,9 @@ VENV=/opt/dtrain-lab/venv
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 
 apt-get update -q
-# python3-venv for the environment, bubblewrap for the namespace sandbox (used where the container
-# allows user namespaces), passwd for useradd, procps for process cleanup.
-apt-get install -y -q --no-install-recommends python3 python3-venv python3-pip bubblewrap passwd procps
+# python3-venv for the environment, the system's bubblewrap for the namespace sandbox (preferred to the
+# course's own copy; either works only where the container allows user namespaces), procps for ps.
+apt-get install -y -q --no-install-recommends python3 python3-venv python3-pip bubblewrap procps
 
 PY=""
 for candidate in python3.13 python3.12 python3.11 python3.10 python3; do

@@ -1,44 +1,49 @@
-"""Start a rank without a second ``import torch``: enter the rank's bubblewrap sandbox from a process
-that has imported torch once. Standard library and ctypes only; loaded by the supervisor.
+"""Start a graded rank from a fork of its supervisor (which imported torch once), inside the rank's
+bubblewrap sandbox or, without a sandbox, as a plain contained process. Standard library and ctypes.
 
-Every rank of a graded job used to be a fresh ``python`` in its own bubblewrap sandbox, and about
-1.4 s of its CPU went to ``import torch``. With the zygote, the supervisor (trusted, in the job's
-outer sandbox, with nothing of the course imported) imports torch once per job; for each rank
+A fresh ``python`` per rank spends about 1.4 s of CPU on ``import torch``. Instead, the supervisor
+(trusted, forked by the supervisor server that imported torch: :mod:`dtrain_lab.sandbox.supervisors`)
+starts each rank like this:
 
-1. bubblewrap builds the rank's inner sandbox exactly as before (:func:`sandbox.inner_argv`: the same
-   namespaces, mounts, uid 65534, ``--disable-userns``), around a placeholder command that only waits;
+1. bubblewrap builds the rank's inner sandbox exactly as :func:`bwrap.inner_argv` describes it (the
+   same namespaces, mounts, uid 65534, ``--disable-userns``), around a placeholder command that only
+   waits; bubblewrap's own init is PID 1 of the sandbox's PID namespace and the placeholder PID 2;
 2. a forked child of the supervisor enters that sandbox the way ``nsenter`` or ``runc exec`` enter a
    container (:func:`_enter`): it leaves host privileges first (root: uid and gid 65534, no groups),
    joins the user namespace that owns the sandbox's namespaces (its creator may), then the IPC, UTS,
    cgroup, mount and PID namespaces, then the rank's own nested user namespace, takes the sandbox's
    root as its root (``chroot``), becomes uid/gid 65534 inside, drops every capability (bounding,
    ambient, effective, permitted, inheritable) and sets ``no_new_privs``;
-3. that child forks the rank, the first process of it inside the sandbox's PID namespace, which
-   runs ``python -m dtrain_lab.grading.harness --rank R`` in-process (:func:`_run_rank`): a fresh
-   ``__main__``, the rank's environment, ``sys.path``, working folder, resource limits, its own
-   session, unbuffered output into its log files, and no file descriptor of the supervisor;
+3. that child forks the rank, a process of the sandbox's PID namespace that is *not* its init (so
+   signals act on it as on a plain machine: a rank that kills itself dies), which runs ``python -m
+   dtrain_lab.grading.harness --rank R`` in-process through :mod:`dtrain_lab.sandbox.child`: a
+   fresh ``__main__``, the rank's environment, ``sys.path``, working folder, resource limits, its own
+   session, unbuffered output into its log files, no file descriptor of the supervisor;
 4. the child waits for the rank and ends as it ended (``128 + signal`` if killed, as bubblewrap
    reports it), and the placeholder sandbox is killed with it: its PID namespace, and everything the
    rank forked, ends.
 
+Without a sandbox (a self-check where bubblewrap cannot run, or ``--no-sandbox``) steps 1 and 2 are
+left out: the rank is a plain fork of the supervisor, which is a child subreaper
+(:mod:`dtrain_lab.sandbox.contain`), so everything the rank starts stays in the job's tree.
+
 What the rank has that a fresh process would not: the supervisor's memory, which holds torch and the
 job's plan (paths and environments of this job's ranks: nothing of other submissions, no reference or
-check). Its ``/proc/self/environ`` is rewritten in place to the rank's environment (the supervisor
-starts with one placeholder variable, :func:`_forkserve.slot_env`), so that every process of the job is found by
-``DTRAIN_JOB_ID`` as before. Where entering fails (a setuid bubblewrap, a kernel that refuses), the
-supervisor falls back to the fresh ``python`` of before, and records why in ``status.jsonl``.
+check). ``/proc/self/environ`` shows the supervisor server's environment, which is only ``PATH``.
+Where entering fails (a setuid bubblewrap, a kernel that refuses), :func:`start` raises
+:class:`EnterError`; :func:`bwrap.probe` enters one sandbox this way, so such a machine has no sandbox.
 """
 import ctypes
 import fcntl
-import io
 import json
 import os
-import resource
 import select
 import signal
 import subprocess
 import sys
 import time
+
+from dtrain_lab.sandbox import child, contain, forkserve
 
 UID = 65534
 RANK_NAME = "harness-rank-{rank}"     # the rank's process name (comm), how the grader finds it for its stack
@@ -50,28 +55,22 @@ _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NAME = 1, 4, 15
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _load_forkserve():
-    """:mod:`dtrain_lab.jobs._forkserve` by its path: the supervisor loads this file by path too,
-    with nothing of the course importable."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs", "_forkserve.py")
-    spec = importlib.util.spec_from_file_location("_forkserve", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_forkserve = _load_forkserve()
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_block = None      # the supervisor's environment block, which each rank rewrites (_forkserve.show_environment)
-_last_cap = 40     # the highest capability number, read from the host's /proc before entering
 
 
 class EnterError(OSError):
     pass
+
+
+def _setns(fd: int, flag: int, what: str) -> None:
+    """``setns(2)``: Python's own (3.12+) where there is one, else through libc."""
+    if hasattr(os, "setns"):
+        try:
+            os.setns(fd, flag)
+        except OSError as exc:
+            raise EnterError(exc.errno, f"{what}: {exc.strerror}") from None
+    else:
+        _ok(_libc.setns(fd, flag), what)
 
 
 def _ok(result: int, what: str) -> None:
@@ -92,17 +91,10 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def prepare() -> None:
-    """In the supervisor, before anything else: its environment block (it was exec'd with
-    :func:`_forkserve.slot_env`, room for a rank's environment) and the host's highest capability."""
-    global _block, _last_cap
-    _block = _forkserve.environ_block()
+def last_cap() -> int:
+    """The highest capability number of this kernel (read on the host, before entering)."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
-        _last_cap = int(f.read())
-
-
-def usable() -> bool:
-    return _block is not None
+        return int(f.read())
 
 
 # ------------------------------------------------------------------ the placeholder sandbox
@@ -186,11 +178,11 @@ def _enter(fds: dict, home: str, last_cap: int) -> None:
         os.setgroups([])
         os.setresgid(UID, UID, UID)
         os.setresuid(UID, UID, UID)
-    _ok(_libc.setns(fds["owner"], _NEWUSER), "setns(user, owner)")
+    _setns(fds["owner"], _NEWUSER, "setns(user, owner)")
     for name, flag in _NS:
-        _ok(_libc.setns(fds[name], flag), f"setns({name})")
+        _setns(fds[name], flag, f"setns({name})")
     if os.fstat(fds["owner"]).st_ino != os.fstat(fds["user"]).st_ino:
-        _ok(_libc.setns(fds["user"], _NEWUSER), "setns(user)")
+        _setns(fds["user"], _NEWUSER, "setns(user)")
     os.fchdir(fds["root"])
     os.chroot(".")
     os.chdir(home)
@@ -219,10 +211,10 @@ def enter_outer(pid: int) -> bool:
     flags = {"ipc": _NEWIPC, "uts": _NEWUTS, "net": 0x40000000, "mnt": _NEWNS, "pid": _NEWPID}
     try:
         if os.fstat(fds["user"]).st_ino != own["user"]:   # unprivileged: bwrap's user namespace, ours to join
-            _ok(_libc.setns(fds["user"], _NEWUSER), "setns(user)")
+            _setns(fds["user"], _NEWUSER, "setns(user)")
         for name in names:
             if os.fstat(fds[name]).st_ino != own[name]:
-                _ok(_libc.setns(fds[name], flags[name]), f"setns({name})")
+                _setns(fds[name], flags[name], f"setns({name})")
         os.fchdir(root)
         os.chroot(".")
         os.chdir("/")
@@ -240,81 +232,28 @@ def _pid_changed(before: int) -> bool:
         return True
 
 
-def _unbuffered(fd: int, errors: str):
-    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors=errors,
-                            line_buffering=True, write_through=True)
-
-
 def _run_rank(rank: dict, env: dict, limits: dict, out: int, err: int) -> None:
     """In the rank (step 3). Never returns."""
-    import atexit
-    import runpy
-    import types
-
-    code = 1
-    try:
-        null = os.open("/dev/null", os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        os.closerange(3, 1 << 16)
-        sys.stdout, sys.stderr = _unbuffered(1, "strict"), _unbuffered(2, "backslashreplace")
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        os.setsid()
-        _prctl(_PR_SET_DUMPABLE, 1)   # as a fresh process: credential changes cleared it
-        name = ctypes.create_string_buffer(RANK_NAME.format(rank=rank["rank"]).encode()[:15])
-        _prctl(_PR_SET_NAME, ctypes.cast(name, ctypes.c_void_p).value)
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for key, value in limits.items():
-            resource.setrlimit(getattr(resource, "RLIMIT_" + key), (value, value))
-        os.environ.clear()
-        os.environ.update(env)
-        _forkserve.show_environment(_block, env)
-        if not any(env.get(k) for k in ("LC_ALL", "LC_CTYPE", "LANG")):
-            os.environ["LC_CTYPE"] = "C.UTF-8"   # what a fresh Python adds when it coerces the C locale (PEP 538)
-        sys.stdin = open(0, closefd=False)
-        sys.dont_write_bytecode = True
-        sys.path[:] = [os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + rank["sys_path"]
-        sys.argv = ["-m", *rank["args"]]
-        atexit._clear()
-        import site   # the builtins a fresh python gets from site (the supervisor runs with -S): exit(), quit(), help()
-        site.setquit()
-        site.sethelper()
-        site.setcopyright()
-        main = types.ModuleType("__main__")
-        sys.modules["__main__"] = main
-        for mod in [m for m in sys.modules if m == "supervisor" or m == "zygote"]:
-            del sys.modules[mod]
-        torch = sys.modules.get("torch")
-        if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():
-            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-        runpy._run_module_as_main(rank["module"], alter_argv=True)  # type: ignore[attr-defined]
-        code = 0
-    except SystemExit as exc:
-        code = _forkserve.exit_code(exc)
-    except BaseException:  # noqa: BLE001 - as the interpreter prints an uncaught exception
-        try:
-            sys.excepthook(*sys.exc_info())
-        except BaseException:  # noqa: BLE001
-            pass
-        code = 1
-    try:
-        threading = sys.modules.get("threading")
-        if threading is not None and hasattr(threading, "_shutdown"):
-            threading._shutdown()
-        atexit._run_exitfuncs()
-    except BaseException:  # noqa: BLE001
-        pass
-    _forkserve.flush_exit(code)
+    null = os.open("/dev/null", os.O_RDONLY)
+    child.reset(stdio=(null, out, err), env=env, limits=limits, new_session=True)
+    child.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)   # the rank dies with whoever started it
+    child.prctl(_PR_SET_DUMPABLE, 1)   # as a fresh process: credential changes cleared it
+    child.set_name(RANK_NAME.format(rank=rank["rank"]))
+    sys.dont_write_bytecode = True
+    import site   # the builtins a fresh python gets from site (the supervisor runs with -S): exit(), quit(), help()
+    site.setquit()
+    site.sethelper()
+    site.setcopyright()
+    tail = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + list(rank["sys_path"])
+    child.run_main(["-m", rank["module"], *rank["args"]], tail)
 
 
 class RankProcess:
-    """One rank started through the zygote: the entering child (whose exit status is the rank's) and
-    the placeholder sandbox; the part of :class:`subprocess.Popen` the supervisor uses."""
+    """One rank started by :func:`start`: the process whose exit status is the rank's (the entering
+    child, or the rank itself without a sandbox) and the placeholder sandbox, if any; the part of
+    :class:`subprocess.Popen` the supervisor uses."""
 
-    def __init__(self, pid: int, placeholder):
+    def __init__(self, pid: int, placeholder=None):
         self.pid = pid
         self.placeholder = placeholder
         self.returncode = None
@@ -327,15 +266,23 @@ class RankProcess:
                 pid, status = self.pid, 0
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
-                stop_placeholder(self.placeholder)
+                self._stop()
         return self.returncode
+
+    def _stop(self):
+        if self.placeholder is not None:
+            stop_placeholder(self.placeholder)
+        else:   # no PID namespace ends what the rank started: its tree is killed instead
+            contain.kill_tree(self.pid, include_root=False)
 
     def kill(self):
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except OSError:
             pass
-        stop_placeholder(self.placeholder)
+        if self.placeholder is None:
+            contain.kill_tree(self.pid)
+        self._stop()
 
     def wait(self, timeout=None):
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -346,9 +293,33 @@ class RankProcess:
         return self.returncode
 
 
-def start(rank: dict, env: dict, limits: dict, out_path: str, err_path: str) -> RankProcess:
+def _open_files(out_path: str, err_path: str) -> tuple[int, int]:
+    return (os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+            os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+
+
+def start_plain(rank: dict, env: dict, limits: dict, out_path: str, err_path: str) -> RankProcess:
+    """A rank without a sandbox: a fork of this process (a subreaper: what the rank starts stays in
+    the job's tree), with the rank's environment, working folder (``rank["home"]``) and limits."""
+    out, err = _open_files(out_path, err_path)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child.die_with(parent)
+            os.chdir(rank["home"])
+        except BaseException:  # noqa: BLE001
+            os._exit(125)
+        _run_rank(rank, env, limits, out, err)
+    os.close(out)
+    os.close(err)
+    return RankProcess(pid)
+
+
+def start(rank: dict, env: dict, limits: dict, out_path: str, err_path: str, cap: int) -> RankProcess:
     """Build the rank's sandbox around a placeholder, enter it, start the rank. Raises
-    :class:`EnterError` (nothing of the rank ran) where this machine does not allow it."""
+    :class:`EnterError` (nothing of the rank ran) where this machine does not allow it. ``cap``: the
+    kernel's highest capability (:func:`last_cap`, read before any sandbox was entered)."""
     placeholder, init, info = start_placeholder(rank["placeholder"], rank["bwrap"])
     try:
         fds = _open_target(init)
@@ -358,8 +329,7 @@ def start(rank: dict, env: dict, limits: dict, out_path: str, err_path: str) -> 
     except OSError as exc:
         stop_placeholder(placeholder)
         raise EnterError(exc.errno or 0, f"open the sandbox's namespaces: {exc}") from None
-    out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    out, err = _open_files(out_path, err_path)
     ctl_r, ctl_w = os.pipe()
     parent = os.getpid()
     pid = os.fork()
@@ -367,20 +337,18 @@ def start(rank: dict, env: dict, limits: dict, out_path: str, err_path: str) -> 
         try:
             os.close(ctl_r)
             os.setsid()   # the supervisor kills the rank with killpg(pid), as it killed bubblewrap
-            _enter(fds, rank["home"], _last_cap)
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)   # after the credential changes, which clear it
-            if os.getppid() != parent:
-                os._exit(125)
-            child = os.fork()
-            if child == 0:
+            _enter(fds, rank["home"], cap)
+            child.die_with(parent)   # after the credential changes, which clear it
+            rank_pid = os.fork()
+            if rank_pid == 0:
                 os.close(ctl_w)
                 _run_rank(rank, env, limits, out, err)
             os.write(ctl_w, b"ok")
             os.close(ctl_w)
             os.close(out)
             os.close(err)
-            _forkserve.relay_exit(child)
-        except BaseException as exc:  # noqa: BLE001 - told to the supervisor, which falls back
+            forkserve.relay_exit(rank_pid)
+        except BaseException as exc:  # noqa: BLE001 - told to the supervisor
             try:
                 os.write(ctl_w, f"{type(exc).__name__}: {exc}"[:2000].encode(errors="replace"))
             finally:

