@@ -1,7 +1,8 @@
 # Two commands do all set-up on a fresh clone:
 #   make lab    create the environment if missing, open the course in JupyterLab (CPU/gloo default)
 #   make test   create the environment if missing, run every test (library, launcher, notebooks zh+en)
-# Others: make bench · make notebooks (re-execute lesson notebooks and store reference outputs)
+# Others: make test-fast (the in-process tier, under a minute) · make bench · make notebooks
+# (re-execute lesson notebooks and store reference outputs) · make test-modes (.ci/run's extra legs)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,7 +11,7 @@ STAMP  := $(VENV)/.dtrain-lab-installed
 PYTEST_WORKERS ?= 3
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: lab test bench notebooks env clean-env durations
+.PHONY: lab test test-fast test-modes bench notebooks env clean-env durations
 
 env: $(STAMP)
 
@@ -37,11 +38,25 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=$(CURDIR) --LabApp.default_url=$(LAB_START) \
 	  '--ContentsManager.hide_globs=$(LAB_HIDE)' $(LAB_ARGS)
 
+# the in-process tests: they launch no job (tests/conftest.py fails any that does under DTRAIN_TEST_FAST=1)
+FAST_TESTS := actckpt architecture bench caps cli cluster diagnose dp_demos draws glossary gpu i18n nccl \
+  networking_demo notebooks parallel_dims perfmodel runtime solution_cells viz zero_memory
+
 test: $(STAMP)
+	@$(PY) -m dtrain_lab.caps --summary
+	@command -v chromedriver >/dev/null 2>&1 || echo "this machine: no chromium/chromedriver (optional): the browser test will be skipped"
 	$(PY) -m ruff check dtrain_lab tests tools
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -p no:cacheprovider \
 	  tests lessons/zh lessons/en labs/zh labs/en solutions/zh solutions/en --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600 --durations=25 $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m ruff check dtrain_lab tests tools
+	DTRAIN_TEST_FAST=1 $(PY) -m pytest -n $(PYTEST_WORKERS) -q -p no:cacheprovider $(patsubst %,tests/test_%.py,$(FAST_TESTS)) $(PYTEST_ARGS)
+
+# the modes make test does not run by itself (CI runs them beside it): see tools/modes.sh
+test-modes: $(STAMP)
+	bash tools/modes.sh $(MODES)
 
 # per-file seconds of one run -> tests/durations.json: the order make test hands files to workers
 durations: $(STAMP)

@@ -211,10 +211,30 @@ def flipped() -> dict:
     return out
 
 
+def summary() -> str:
+    """One line: what this machine has, as the probes answer (forced ones marked)."""
+    forced_now = forcing()
+    parts = []
+    for name in PROBES:
+        mark = "*" if name in forced_now else ""
+        parts.append(f"{name} {'yes' if have(name) else 'no'}{mark}")
+    if "sandbox" in PROBES and have("sandbox"):
+        from dtrain_lab.sandbox import bwrap
+
+        system = shutil.which("bwrap")
+        parts[list(PROBES).index("sandbox")] += " (" + ("system bubblewrap" if bwrap.probe().bwrap == system
+                                                          else "the course's own bubblewrap") + ")"
+    line = "this machine: " + ", ".join(parts) + f", {cores()} cores"
+    return line + (f" (* forced by {ENV})" if forced_now else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args == ["--flipped"]:
         print(",".join(f"{k}={int(v)}" for k, v in sorted(flipped().items())))
+        return 0
+    if args == ["--summary"]:
+        print(summary())
         return 0
     flip = flipped()
     for name, p in PROBES.items():

@@ -1,6 +1,7 @@
 """Shared test helpers. Multi-process tests launch through dtrain_lab.launch (one launch, many
 checks) and every one of them has a timeout (pytest-timeout; see pyproject.toml)."""
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -129,6 +130,29 @@ def run():
         assert_no_survivors(t)
 
 
+def _box():
+    from dtrain_lab import caps
+
+    return None if caps.sandbox_probe().ok else False
+
+
+def grade(*args, **kw):
+    """``dtrain_lab.grading.grade`` as the product runs it on this machine: in the sandbox where it can
+    run, else without it (a learner's self-check; a CI leg forces that with DTRAIN_CAPS=sandbox=0)."""
+    from dtrain_lab.grading import grade as _grade
+
+    kw.setdefault("sandbox", _box())
+    return _grade(*args, **kw)
+
+
+def grade_notebook(*args, **kw):
+    """``dtrain_lab.grading.grade_notebook`` as :func:`grade` runs it here."""
+    from dtrain_lab.grading import grade_notebook as _grade_notebook
+
+    kw.setdefault("sandbox", _box())
+    return _grade_notebook(*args, **kw)
+
+
 def lab_programs(lab: str, source_name: str) -> dict:
     """``{exercise id: {"solution": code, "learner": code}}`` from the ``%%writefile <lab>_*.py`` cells of
     ``solutions/_source/<source_name>`` (``lab`` is the exercise prefix, e.g. ``"lab09"``)."""
@@ -162,3 +186,22 @@ def job_metrics(result, n: int, *, last: bool = True) -> dict:
     if last:
         assert all(m.get("last") is True for m in result.metrics.values())
     return result.metrics
+
+
+# ``make test-fast`` (DTRAIN_TEST_FAST=1): the in-process tier, the files the Makefile lists. They launch
+# no job (no torchrun, no forked ranks, no graded run): a call that would start one fails the test, so
+# the list cannot drift into slow tests.
+
+
+def _no_launch(*_a, **_k):
+    raise AssertionError("make test-fast runs only in-process tests: this test launches a job (add it to make test)")
+
+
+if os.environ.get("DTRAIN_TEST_FAST") == "1":
+    import dtrain_lab.jobs.launch as _launch_module
+    from dtrain_lab.grading import runner as _runner
+
+    _launch_module.launch = _no_launch
+    dtrain_lab.launch = _no_launch
+    _runner.run = _no_launch
+    os.fork = _no_launch   # tests/forkjob.py's ranks, and any other forked job

@@ -4,9 +4,9 @@ Solutions and learner stubs come from the lab's one source, solutions/_source/la
 (the notebooks are generated from it); plausible wrong fixes live in tests/submissions/lab10/."""
 import time
 
-from conftest import ROOT
+from conftest import ROOT, grade
 from dtrain_lab import authoring
-from dtrain_lab.grading import grade, registry
+from dtrain_lab.grading import registry
 
 SOURCE = ROOT / "solutions" / "_source" / "lab_10_deadlocks.md"
 WRONG = ROOT / "tests" / "submissions" / "lab10"

@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, lab_programs, submit
+from conftest import ROOT, grade, grade_notebook, lab_programs, submit
 from dtrain_lab.parallel.ddp import MB, DDP
-from dtrain_lab.grading import grade, grade_notebook, lab02, lab04, registry, submissions_in_notebook
+from dtrain_lab.grading import lab02, lab04, registry, submissions_in_notebook
 from dtrain_lab.grading.checks import lab02 as checks02, lab04 as checks04
 
 WRONG = ROOT / "tests" / "submissions"

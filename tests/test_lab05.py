@@ -15,8 +15,8 @@ import re
 import pytest
 import torch
 
-from conftest import ROOT, lab_programs, submit
-from dtrain_lab.grading import grade, grade_notebook, lab05, registry, submissions_in_notebook
+from conftest import ROOT, grade, grade_notebook, lab_programs, submit
+from dtrain_lab.grading import lab05, registry, submissions_in_notebook
 from dtrain_lab.grading.checks import lab05 as checks
 from dtrain_lab.grading.exercise import Run
 

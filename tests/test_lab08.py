@@ -16,8 +16,8 @@ from collections import deque
 import pytest
 import torch
 
-from conftest import ROOT, lab_programs
-from dtrain_lab.grading import grade, grade_notebook, lab08, registry, submissions_in_notebook
+from conftest import ROOT, grade, grade_notebook, lab_programs
+from dtrain_lab.grading import lab08, registry, submissions_in_notebook
 from dtrain_lab.grading.checks import lab08 as checks
 from dtrain_lab.grading.exercise import Run
 

@@ -11,8 +11,8 @@ import importlib.util
 
 import pytest
 
-from conftest import ROOT
-from dtrain_lab.grading import contract, grade, lab08
+from conftest import ROOT, grade
+from dtrain_lab.grading import contract, lab08
 from dtrain_lab.grading.checks import lab08 as checks
 from dtrain_lab.grading.exercise import Run
 

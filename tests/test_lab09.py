@@ -15,8 +15,8 @@ import re
 import pytest
 import torch
 
-from conftest import ROOT, lab_programs
-from dtrain_lab.grading import grade, grade_notebook, lab09, registry, submissions_in_notebook
+from conftest import ROOT, grade, grade_notebook, lab_programs
+from dtrain_lab.grading import lab09, registry, submissions_in_notebook
 from dtrain_lab.grading.checks import lab09 as lab09_checks
 
 WRONG = ROOT / "tests" / "submissions" / "lab09"

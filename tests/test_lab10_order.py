@@ -6,8 +6,8 @@ that must fail whatever the timing of the run: readers that sleep before reading
 text, by luck) and the plausible wrong fix (a barrier before the write)."""
 import pytest
 
-from conftest import ROOT
-from dtrain_lab.grading import grade, lab10, trace
+from conftest import ROOT, grade
+from dtrain_lab.grading import lab10, trace
 from dtrain_lab.grading.checks.lab10 import _readers_wait_for_writer
 from dtrain_lab.grading.exercise import Run
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, grade, grade_notebook
 from dtrain_lab import authoring
-from dtrain_lab.grading import grade, grade_notebook, lab11, registry, submissions_in_notebook
+from dtrain_lab.grading import lab11, registry, submissions_in_notebook
 from dtrain_lab.grading.checks import lab11 as lab11_checks
 from dtrain_lab.nccl.vars import NOT_VARIABLES, VARS
 

