@@ -286,7 +286,9 @@ def run(spec: JobSpec) -> JobResult:
         return res
     ready_at, attempt, t_attempt = None, 0, t0
     try:
-        supervisors.started(proc, job_dir / "status.jsonl")
+        if not supervisors.started(proc, job_dir / "status.jsonl"):   # it ended before starting anything
+            why = channel.read_text(str(job_dir / "supervisor.log"), 2000).strip().splitlines()
+            res.start_error = "the job's supervisor did not start: " + (why[-1] if why else f"exit code {proc.poll()}")
         while proc.poll() is None:
             now = time.monotonic()
             a = _current_attempt(job_dir)

@@ -200,21 +200,26 @@ def _enter(fds: dict, home: str, last_cap: int) -> None:
 
 def enter_outer(pid: int) -> bool:
     """Join the job's outer sandbox (the namespaces and root of process ``pid``, a placeholder that
-    bubblewrap started with :func:`sandbox.outer_argv`) as its supervisor: the supervisor server's
+    bubblewrap started with :func:`bwrap.outer_argv`) as its supervisor: the supervisor server's
     forked child does this instead of bubblewrap exec'ing a fresh supervisor there. Keeps this
-    process's user (the grader's, as before). True if the PID namespace differs: the caller must fork
-    once more to be inside it."""
+    process's user (the grader's). Unprivileged, bubblewrap made user namespaces (the one that owns
+    the others, and the command's inside it): the owner is entered first, as in :func:`_enter`. True
+    if the PID namespace differs: the caller must fork once more to be inside it."""
     names = ("ipc", "uts", "net", "mnt", "pid")
     own = {name: os.stat(f"/proc/self/ns/{name}").st_ino for name in (*names, "user")}
     fds = {name: os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC) for name in (*names, "user")}
+    fds["owner"] = fcntl.ioctl(fds["mnt"], _NS_GET_USERNS)
     root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     flags = {"ipc": _NEWIPC, "uts": _NEWUTS, "net": 0x40000000, "mnt": _NEWNS, "pid": _NEWPID}
     try:
-        if os.fstat(fds["user"]).st_ino != own["user"]:   # unprivileged: bwrap's user namespace, ours to join
-            _setns(fds["user"], _NEWUSER, "setns(user)")
+        owner = os.fstat(fds["owner"]).st_ino
+        if owner != own["user"]:   # unprivileged: bubblewrap's user namespace, ours to join (we made it)
+            _setns(fds["owner"], _NEWUSER, "setns(user, owner)")
         for name in names:
             if os.fstat(fds[name]).st_ino != own[name]:
                 _setns(fds[name], flags[name], f"setns({name})")
+        if os.fstat(fds["user"]).st_ino not in (owner, own["user"]):
+            _setns(fds["user"], _NEWUSER, "setns(user)")
         os.fchdir(root)
         os.chroot(".")
         os.chdir("/")
