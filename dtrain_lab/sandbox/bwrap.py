@@ -282,7 +282,7 @@ def etc_files(folder: Path) -> dict[str, Path]:
     files = {
         "/etc/passwd": f"root:x:0:0::/root:/bin/sh\nlearner:x:{SANDBOX_UID}:{SANDBOX_UID}::{HOME}:/bin/sh\n",
         "/etc/group": f"root:x:0:\nlearner:x:{SANDBOX_UID}:\n",
-        "/etc/hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+        "/etc/hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n::ffff:127.0.0.1 localhost\n",
         "/etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
     }
     out = {}
