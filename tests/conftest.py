@@ -45,13 +45,21 @@ def pytest_collection_modifyitems(config, items):
 # tree (its init died before it) is re-parented here instead of to init, so the survivor checks below see
 # it, whatever its environment, process group or session says.
 contain.subreaper(True)
-_TAG_TIMES: dict[str, float] = {}
+_TAGS: dict[str, set] = {}
+
+
+def _tree() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 def new_tag() -> str:
-    """A tag for a job of this test: the moment from which its processes are counted."""
+    """A tag for a job of this test: the processes of this test process's tree from then on are its
+    (those already there are not; no clock is compared, /proc's start times are whole seconds apart)."""
     t = uuid.uuid4().hex
-    _TAG_TIMES[t] = time.time()
+    _TAGS[t] = {p.pid for p in _tree()}
     return t
 
 
@@ -66,16 +74,12 @@ def _servers() -> set[int]:
 def processes_with_tag(tag: str) -> list[psutil.Process]:
     """Live processes of this test process's tree (where every process a job lets escape lands)
     started since ``tag`` was made, other than this process's fork servers."""
-    since = _TAG_TIMES.get(tag, 0.0) - 0.5
+    before = _TAGS.get(tag, set())
     servers = _servers()
     found = []
-    try:
-        procs = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return found
-    for p in procs:
+    for p in _tree():
         try:
-            if p.pid not in servers and p.create_time() >= since and p.status() != psutil.STATUS_ZOMBIE:
+            if p.pid not in servers and p.pid not in before and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except psutil.Error:
             continue

@@ -13,6 +13,7 @@ import pytest
 
 import dtrain_lab
 from conftest import WORKERS, assert_no_survivors, processes_with_tag
+from dtrain_lab.sandbox import contain
 from dtrain_lab.i18n import LabError
 
 HOSTILE = str(WORKERS / "hostile.py")
@@ -128,10 +129,24 @@ def test_concurrent_launches_do_not_collide(run):
         assert r.gathered("all_reduce_sum") == [3.0, 3.0]
 
 
+_DRIVERS: list = []
+
+
+@pytest.fixture(autouse=True)
+def _no_driver_left():
+    """A driver a failed test left behind is killed with its job (the test already failed)."""
+    yield
+    while _DRIVERS:
+        proc = _DRIVERS.pop()
+        contain.kill_tree(proc.pid)
+        proc.wait()
+
+
 def _driver(tag, runs):
     env = dict(os.environ, PYTHONUNBUFFERED="1", DTRAIN_RUN_DIR=str(runs))
     proc = subprocess.Popen([sys.executable, str(WORKERS / "driver.py"), tag, HOSTILE],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    _DRIVERS.append(proc)
     deadline = time.monotonic() + 60
     while len(list(runs.glob("*/ready.*"))) < 2:  # both ranks have joined the process group
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()

@@ -27,7 +27,7 @@ SANITIZE=(--nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --n
 CONTRACT=(tests/test_sandbox.py tests/test_attacks.py tests/test_redteam.py tests/test_grading.py
           tests/test_lab09.py tests/test_lab10_a.py tests/test_lab10_b.py)
 LAUNCH=(tests/test_launch.py tests/test_elastic.py tests/test_multinode.py tests/test_monitor.py
-        tests/test_agent_server.py)
+)
 SOLUTIONS=(solutions/en/lab_09_recovery.ipynb solutions/zh/lab_09_recovery.ipynb
            solutions/en/lab_10_deadlocks.ipynb solutions/zh/lab_10_deadlocks.ipynb)
 failed=()
