@@ -43,7 +43,6 @@ from dtrain_lab.i18n import LANGS, LabError, both, get_lang, tr
 
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
-SANDBOX_USER = "dtrain-student"
 MODE_NOTE = {"unsandboxed": "ag_mode_unsandboxed", "refused": "ag_mode_refused"}
 FILES = Path(__file__).resolve().parent / "autograder_files"
 
@@ -92,14 +91,14 @@ def build(lab: str, out: str | os.PathLike, *, exercises: list[str] | None = Non
     from dtrain_lab.grading import registry
 
     config = {"lab": lab, "name": labs()[lab], "exercises": ids, "lang": lang, "visibility": visibility,
-              "sandbox_user": SANDBOX_USER, "hidden_checks": [Path(h).stem for h in hidden_checks],
+              "hidden_checks": [Path(h).stem for h in hidden_checks],
               "allow_unsandboxed": bool(allow_unsandboxed),
               "max_score": sum(registry.get(i).max_score for i in ids)}
     with tempfile.TemporaryDirectory(prefix="dtrain-ag-") as tmp:
         wheel = Path(wheel) if wheel else build_wheel(Path(tmp))
         pins = _pins(wheel)
         failed = gradescope_json([], lang=lang, output=both("ag_internal_error", why="run_autograder"))
-        fill = {"@LAB_NAME@": config["name"], "@TORCH_INDEX@": CPU_TORCH_INDEX, "@SANDBOX_USER@": SANDBOX_USER,
+        fill = {"@LAB_NAME@": config["name"], "@TORCH_INDEX@": CPU_TORCH_INDEX,
                 "@TORCH_VERSION@": pins["torch"], "@DEEPSPEED_VERSION@": pins["deepspeed"],
                 "@FAILED_JSON@": json.dumps(failed, ensure_ascii=False)}
         out.parent.mkdir(parents=True, exist_ok=True)

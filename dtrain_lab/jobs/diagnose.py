@@ -96,10 +96,12 @@ class WaitSite:
 
 
 def program_frames(frames: list[Frame]) -> list[Frame]:
-    """``frames`` (innermost first) without those of torchrun's agent that a forked rank's stack also
-    shows below the program (``--start-method fork``: see :mod:`dtrain_lab.jobs._forked_rank`)."""
+    """``frames`` (innermost first) without those that a forked rank's stack also shows below the
+    program: the fork runner's (:mod:`dtrain_lab.sandbox.child`), and torchrun's agent's below it
+    (``--start-method fork``: see :mod:`dtrain_lab.jobs._forked_rank`). What is left is what the same
+    program shows as a fresh ``python -m``."""
     for i, f in enumerate(frames):
-        if f.file.endswith("dtrain_lab/jobs/_forked_rank.py"):
+        if f.file.endswith(("dtrain_lab/sandbox/child.py", "dtrain_lab/jobs/_forked_rank.py")):
             return frames[:i] or frames
     return frames
 
