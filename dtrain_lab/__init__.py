@@ -12,7 +12,8 @@ jobs            ``jobs/``: ``launch`` · ``runtime`` · ``cluster`` · ``diagnos
 technique       ``parallel/`` (ddp, zero, fsdp, tensor, model, pipeline, accum, amp, compression,
                 actckpt, hetero, dims, deepspeed_lab) · ``resilience/`` · ``nccl/``
 base            ``comm/`` (group helpers, counted and from-scratch collectives) · ``models`` ·
-                ``data`` · ``perfmodel`` · ``i18n``
+                ``data`` · ``perfmodel`` · ``i18n`` · ``caps`` (what this machine can do, forceable) ·
+                ``sandbox/`` (starting, containing and isolating processes; stdlib only)
 =============== ================================================================================
 
 Technique and base code take a process group and run as plain code at world size 1; they never

@@ -106,6 +106,8 @@ def test_table_renders_every_row(lang):
     rows = [
         {"name": "launch_overhead", "ratio": 1.05, "dtrain_launch_s": 4.2, "bare_torchrun_s": 4.0, "repeats": 5,
          "exec_ratio": 1.1, "cpu_s": {"bare": 5.0, "fork": 2.5, "exec": 5.2}, "cpu_ratio": 0.5, "exec_cpu_ratio": 1.04},
+        {"name": "launch_output", "ratio": 1.2, "dtrain_launch_s": 4.8, "bare_torchrun_s": 4.0, "megabytes": 39,
+         "repeats": 3, "nproc": 2},
         {"name": "ring_vs_all_reduce", "nproc": 2, "backend": "gloo", "repeats": 7, "per_size": [
             {"bytes": 4096, "ratio": 1.2, "ring_s": 1.2e-4, "all_reduce_s": 1e-4, "ring_min_s": 1e-4,
              "all_reduce_min_s": 9e-5, "ratio_of_min": 1.11}]},
@@ -133,7 +135,7 @@ def test_table_renders_every_row(lang):
         i18n.set_lang(before)
     lines = text.splitlines()
     assert lines[0] == i18n.tr("bench_head", lang)
-    assert len(lines) == 2 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + len(ZERO_NOTES) + 1 + 1 + 1
+    assert len(lines) == 2 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + len(ZERO_NOTES) + 1 + 1 + 1
     assert all(line.startswith("|") and line.endswith("|") for line in lines)
     for key in ZERO_NOTES.values():
         assert i18n.tr(key, lang) in text

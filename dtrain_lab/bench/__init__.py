@@ -12,6 +12,8 @@ Rows (``--only`` names in brackets):
 
 * ``launch_overhead`` [launch] — :mod:`~dtrain_lab.bench.rows`: wall and CPU time of ``dtrain_lab.launch``
   (ranks forked from the agent, and fresh Pythons) / a bare ``torchrun`` of the same script, alternating.
+* ``launch_output`` [output] — :mod:`~dtrain_lab.bench.rows`: a job whose 2 ranks print 40 MB, through
+  ``dtrain_lab.launch`` / bare ``torchrun --redirects 3`` writing it to files, alternating.
 * ``ring_vs_all_reduce``, ``busbw`` [collectives] — :mod:`~dtrain_lab.bench.collectives`: our
   send/recv ring all-reduce against gloo's, per size (paired blocks); gloo's bus bandwidth.
 * ``ddp_step_time`` [ddp] — ``dtrain_lab.demos.ddp_step_time``: our DDP / PyTorch's, same run;

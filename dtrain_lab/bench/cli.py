@@ -14,11 +14,11 @@ from dtrain_lab.bench.ddp_overlap import ddp_overlap_row
 from dtrain_lab.bench.memory import zero_memory_row
 from dtrain_lab.bench.plan_memory import plan_memory_row
 from dtrain_lab.bench.restarts import restart_reliability
-from dtrain_lab.bench.rows import compression, launch_overhead, pipeline_rows
+from dtrain_lab.bench.rows import compression, launch_output, launch_overhead, pipeline_rows
 from dtrain_lab.bench.table import table
 from dtrain_lab.i18n import tr
 
-ROWS = ("launch", "collectives", "ddp", "compression", "zero", "pipeline", "plan", "restarts")
+ROWS = ("launch", "output", "collectives", "ddp", "compression", "zero", "pipeline", "plan", "restarts")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if want("launch"):
         rows.append(launch_overhead(repeats))
+    if want("output"):
+        rows.append(launch_output(2 if args.quick else 3))
     if want("collectives"):
         rows.extend(collectives(max_bytes, repeats=3 if args.quick else 7))
     if want("ddp"):

@@ -56,6 +56,35 @@ def launch_overhead(repeats: int, nproc: int = 2) -> dict:
             "repeats": repeats, "nproc": nproc}
 
 
+FLOOD = Path(__file__).resolve().parent / "flood.py"
+
+
+def launch_output(repeats: int = 3, nproc: int = 2, lines: int = 20000) -> dict:
+    """Wall seconds of a job whose ``nproc`` ranks print ``lines`` lines of 1 KiB each (40 MB at the
+    defaults): ``dtrain_lab.launch`` (which tails every log, shows the first ``max_live_lines``, keeps
+    the first ``max_output_lines``) against bare ``torchrun --redirects 3`` writing the same output to
+    its log files, in alternating runs. What the launcher does per byte past its limits must stay cheap."""
+    import tempfile
+
+    runs: dict[str, list[float]] = {"bare": [], "ours": []}
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as logs:
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                            str(nproc), "--log-dir", logs, "--redirects", "3", str(FLOOD), str(lines)],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+            runs["bare"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        r = launch(str(FLOOD), nproc=nproc, args=[lines], timeout=600, quiet=True)
+        if not r.ok:
+            raise RuntimeError(r.summary())
+        runs["ours"].append(time.perf_counter() - t0)
+    wall = {k: statistics.median(v) for k, v in runs.items()}
+    return {"name": "launch_output", "bare_torchrun_s": wall["bare"], "dtrain_launch_s": wall["ours"],
+            "ratio": wall["ours"] / wall["bare"], "megabytes": nproc * lines / 1024, "repeats": repeats,
+            "nproc": nproc}
+
+
 COMPRESSION_LABELS = {"fp16": "fp16", "bf16": "bf16", "topk": "top-k + error feedback",
                       "topk_noef": "top-k, no error feedback", "powersgd": "PowerSGD + error feedback",
                       "powersgd_noef": "PowerSGD, no error feedback"}

@@ -45,6 +45,9 @@ def table(rows: list[dict]) -> str:
                           cpu_ours=f"{cpu['fork']:.2f}", cpu_bare=f"{cpu['bare']:.2f}",
                           exec_ratio=_x(row["exec_ratio"]), exec_cpu_ratio=_x(row["exec_cpu_ratio"]),
                           repeats=row["repeats"]))
+        elif name == "launch_output":
+            out.append(tr("bench_launch_output", ratio=_x(row["ratio"]), ours=f"{row['dtrain_launch_s']:.2f}",
+                          bare=f"{row['bare_torchrun_s']:.2f}", mb=f"{row['megabytes']:.0f}", repeats=row["repeats"]))
         elif name == "ring_vs_all_reduce":
             out.append(tr("bench_ring_head", nproc=row["nproc"], backend=row["backend"], repeats=row["repeats"]))
             for p in row["per_size"]:

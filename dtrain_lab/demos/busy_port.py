@@ -11,10 +11,10 @@ import os
 import socket
 import subprocess
 import sys
-import uuid
 
 from dtrain_lab.jobs._procs import kill_job
 from dtrain_lab.jobs.launch import PACKAGE_PARENT
+from dtrain_lab.sandbox import python_m
 
 
 def reproduce_address_in_use(timeout: float = 120.0) -> tuple[int, str]:
@@ -26,13 +26,13 @@ def reproduce_address_in_use(timeout: float = 120.0) -> tuple[int, str]:
         port = busy.getsockname()[1]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
                "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "dtrain_lab.demos.hello"]
-        job_id = f"busy-port-{uuid.uuid4().hex[:8]}"
-        env = dict(os.environ, PYTHONPATH=str(PACKAGE_PARENT), DTRAIN_JOB_ID=job_id)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
+        env = dict(os.environ, PYTHONPATH=str(PACKAGE_PARENT))
+        # torchrun under a job init (a child subreaper), as every launch: nothing of it can outlive the cell
+        proc = subprocess.Popen(python_m("dtrain_lab.sandbox.contain", "--", *cmd), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         try:
             _, stderr = proc.communicate(timeout=timeout)
         finally:                              # never leave the agent or its worker behind
-            kill_job(job_id, proc)
+            kill_job(proc)
     errors = [ln for ln in stderr.splitlines() if "Error" in ln and ":" in ln]
     return proc.returncode, (errors[-1].strip() if errors else stderr.strip()[-300:])

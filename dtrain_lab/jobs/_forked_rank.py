@@ -55,28 +55,11 @@ def main() -> None:
     pid = os.fork()
     if pid == 0:
         _run_rank(argv, parent)
-
-    def forward(sig, _frame):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-    for sig in _FORWARDED:
-        signal.signal(sig, forward)
+    child.pass_signals(pid, _FORWARDED)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # stack requests go to the rank itself
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])  # -N: killed by signal N
-    if code == 0:
-        return
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    if code < 0:
-        sig = -code
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # these two cannot be handled anyway
-            signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)
-    os._exit(code)
+    status = os.waitpid(pid, 0)[1]
+    if os.waitstatus_to_exitcode(status) != 0:   # (returning is how a function entrypoint succeeds)
+        child.end_like(status)
 
 
 if __name__ == "__main__":

@@ -159,6 +159,35 @@ def flush_exit(code: int) -> None:
     os._exit(code & 0xFF)
 
 
+def pass_signals(pid: int, signals) -> None:
+    """Handle ``signals`` here by sending each on to process ``pid`` (a parent that waits for it)."""
+    def forward(sig, _frame):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    for sig in signals:
+        signal.signal(sig, forward)
+
+
+def end_like(status: int) -> None:
+    """End this process as a child with wait status ``status`` ended: the same exit code, or killed
+    by the same signal. Never returns."""
+    code = os.waitstatus_to_exitcode(status)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    if code < 0:
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):   # these two cannot be handled anyway
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        os._exit(128 - code)
+    os._exit(code & 0xFF)
+
+
 def run_main(argv: list, path_tail: list | None = None) -> None:
     """Run ``["-m", module, *args]`` or ``[script, *args]`` as ``__main__``, then end this process as
     the interpreter would. ``path_tail``: ``sys.path`` after its first entry (which is the working

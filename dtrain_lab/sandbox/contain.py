@@ -122,17 +122,11 @@ def init(start: Callable[[], int], forward: tuple = FORWARDED, report: str | Non
     returns its pid), passes ``forward`` signals on to it, reaps every orphan, and once that process
     has ended kills whatever of the job is left (how many: written to the file ``report``, if
     given); then ends as that process ended (the same exit code, or the same signal). Never returns."""
+    from dtrain_lab.sandbox import child
+
     subreaper(True)
     main = start()
-
-    def pass_on(sig, _frame):
-        try:
-            os.kill(main, sig)
-        except ProcessLookupError:
-            pass
-
-    for sig in forward:
-        signal.signal(sig, pass_on)
+    child.pass_signals(main, forward)
     status = None
     while status is None:
         try:
@@ -157,15 +151,7 @@ def init(start: Callable[[], int], forward: tuple = FORWARDED, report: str | Non
             break
         except InterruptedError:
             continue
-    code = 1 if status is None else os.waitstatus_to_exitcode(status)
-    if code < 0:   # end by the same signal, as the job's process did
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if -code not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-        os._exit(128 - code)
-    os._exit(code & 0xFF)
+    child.end_like(256 if status is None else status)   # (256: the wait status of exit code 1)
 
 
 def _exec(argv: list[str]) -> int:
