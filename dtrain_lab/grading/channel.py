@@ -27,6 +27,8 @@ MAGIC = b"DTRAIN1\n"
 MAX_BYTES = 96 << 20          # a result or an input file, all tensors included
 MAX_DEPTH = 32
 MAX_ITEMS = 200_000           # list items and dict keys, all levels together
+MAX_TENSORS = 4096            # tensors in one value
+MAX_DIMS = 16
 SHORT = 80                    # characters of a value quoted in feedback
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
           "complex64", "complex128")
@@ -132,15 +134,23 @@ def _decode(node, payload: memoryview, state: dict, depth: int = 0):
     if set(node) == {"__tensor__"}:
         import torch
 
-        dtype, shape, offset, nbytes = node["__tensor__"]
-        if dtype not in DTYPES or not all(isinstance(s, int) and s >= 0 for s in shape):
+        header = node["__tensor__"]
+        if not (isinstance(header, list) and len(header) == 4):
             raise ValueError("bad tensor header")
-        if not (isinstance(offset, int) and isinstance(nbytes, int) and 0 <= offset <= offset + nbytes <= len(payload)):
+        dtype, shape, offset, nbytes = header
+        # every field checked before anything is allocated: a shape like [0, 2**62, 2**62] has no
+        # elements, but torch would still refuse (or overflow on) its strides
+        if dtype not in DTYPES or not isinstance(shape, list) or len(shape) > MAX_DIMS or \
+                not all(type(d) is int and 0 <= d <= MAX_BYTES for d in shape) or \
+                math.prod(d for d in shape if d) > MAX_BYTES:
+            raise ValueError("bad tensor header")
+        if not (type(offset) is int and type(nbytes) is int and 0 <= offset <= offset + nbytes <= len(payload)):
             raise ValueError("tensor data out of range")
         tdtype = getattr(torch, dtype)
         numel = math.prod(shape)
         if numel * torch.empty((), dtype=tdtype).element_size() != nbytes:
             raise ValueError("tensor size does not match its shape")
+        _claim(state, offset, nbytes)
         if numel == 0:
             return torch.empty(shape, dtype=tdtype)
         raw = bytearray(payload[offset:offset + nbytes])
@@ -148,6 +158,24 @@ def _decode(node, payload: memoryview, state: dict, depth: int = 0):
     if set(node) == {"__object__", "repr"}:
         return Opaque(str(node["__object__"]), str(node["repr"]))
     return {str(k): _decode(v, payload, state, depth + 1) for k, v in node.items()}
+
+
+def _claim(state: dict, offset: int, nbytes: int) -> None:
+    """Each tensor owns its bytes: no two tensors may share any (1,200 headers over the same 1 MiB
+    would otherwise decode to 1.2 GB), so what is decoded is never more than the file holds."""
+    import bisect
+
+    spans = state.setdefault("spans", [])
+    state["tensors"] = state.get("tensors", 0) + 1
+    if state["tensors"] > MAX_TENSORS:
+        raise ValueError("too many tensors")
+    if nbytes == 0:
+        return
+    starts = [a for a, _ in spans]
+    i = bisect.bisect_right(starts, offset)
+    if (i > 0 and spans[i - 1][1] > offset) or (i < len(spans) and spans[i][0] < offset + nbytes):
+        raise ValueError("tensors share bytes")
+    spans.insert(i, (offset, offset + nbytes))
 
 
 class Opaque:
@@ -179,7 +207,7 @@ def decode(data: bytes):
     try:
         doc = json.loads(data[start:start + n].decode("utf-8"))
         return _decode(doc, memoryview(data)[start + n:], {"items": 0})
-    except (ValueError, TypeError, KeyError, RecursionError, UnicodeDecodeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever a forged file makes the decoder raise, it is unreadable
         return Unreadable(type(exc).__name__)
 
 

@@ -114,9 +114,23 @@ def grade(exercise_id: str, submission: str | os.PathLike, *, lang: str | None =
 
     ``sandbox``: ``None`` or ``True`` runs it in the OS sandbox and refuses (an ``error`` verdict
     saying why) where this machine has none; ``False`` runs it unsandboxed (``--no-sandbox``:
-    for one's own code only)."""
+    for one's own code only). An exercise id that does not exist is the caller's mistake (a
+    :class:`~dtrain_lab.i18n.LabError`); anything that goes wrong after that, the grader's own code
+    included, is an ``error`` verdict that says the grader failed, never an exception."""
     lang = lang or get_lang()
     ex = registry.get(exercise_id)
+    try:
+        return _grade(ex, submission, lang, sandbox)
+    except Exception as exc:  # noqa: BLE001 - a grade never raises: the learner gets a verdict, staff the cause
+        import traceback
+
+        traceback.print_exc(limit=8)
+        why = channel.cut(f"{type(exc).__name__}: {exc}", 300)
+        return _verdict(ex, "error", tr("grade_internal_error", lang, title=ex.title[lang], why=why), lang,
+                        internal_error=why)
+
+
+def _grade(ex: Exercise, submission, lang: str, sandbox: bool | None) -> Verdict:
     title = ex.title[lang]
     path = Path(submission)
     if ex.static_check is not None:
@@ -242,7 +256,7 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, sandboxed: bool) -> Ver
                      "job": Path(res.job_dir).name,
                      "to_first_start": None if res.to_first_start is None else round(res.to_first_start, 3),
                      "startup": None if res.startup is None else round(res.startup, 3)})
-        v = _judge(ex, run, res, lang, title, scenario)
+        v = judge_apart(ex, run, res, lang, title, scenario)
         if v is not None:
             v.elapsed, v.details["runs"] = elapsed, runs
             return _noted(v, sandboxed, lang)
@@ -257,6 +271,79 @@ def _noted(v: Verdict, sandboxed: bool, lang: str) -> Verdict:
     if not sandboxed:
         v.feedback += "\n" + tr("grade_unsandboxed_note", lang)
     return v
+
+
+CHECK_SECONDS = 60.0          # a judgment's wall-clock budget (the references of every exercise take < 5 s)
+CHECK_MEMORY = 2 << 30        # and the memory it may add to the grader's
+
+
+def judge_apart(ex: Exercise, run: Run, res, lang: str, title: str, scenario: dict) -> Verdict | None:
+    """:func:`_judge` in a forked child of this process, under a clock and a memory limit: what the
+    checks compute from a rank's values (hostile input: a (1, N) tensor where a list of buckets was
+    expected took a grade from 20 s to 71 s and 2.2 GiB) cannot stall or exhaust the grader. A check
+    that overruns or dies is an ``error`` verdict for this submission. The child runs torch on one
+    thread: a fork of a process whose OpenMP pool has run would hang on its first parallel op."""
+    import json
+    import resource
+    import select
+    import signal
+    import time
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: judge, hand the verdict back as JSON, end without running any cleanup
+        code = 0
+        try:
+            os.close(read_fd)
+            import torch
+
+            torch.set_num_threads(1)
+            with open("/proc/self/status") as f:
+                vm = next((int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:")), 0)
+            if vm:
+                resource.setrlimit(resource.RLIMIT_AS, (vm + CHECK_MEMORY, vm + CHECK_MEMORY))
+            v = _judge(ex, run, res, lang, title, scenario)
+            doc = {"verdict": None if v is None else asdict(v)}
+        except BaseException as exc:  # noqa: BLE001 - told to the parent, which gives an error verdict
+            doc, code = {"failed": channel.cut(f"{type(exc).__name__}: {exc}", 300)}, 1
+        try:
+            data = json.dumps(doc, default=str).encode()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write_fd, view):]
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    chunks, deadline, why = [], time.monotonic() + CHECK_SECONDS, None
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                why = tr("grade_check_overran", lang, seconds=int(CHECK_SECONDS))
+                break
+            ready, _, _ = select.select([read_fd], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(read_fd, 1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    finally:
+        os.close(read_fd)
+        if why is not None:
+            os.kill(pid, signal.SIGKILL)
+        status = os.waitpid(pid, 0)[1]
+    if why is None:
+        try:
+            doc = json.loads(b"".join(chunks))
+        except ValueError:
+            doc = {"failed": f"the checks ended with status {os.waitstatus_to_exitcode(status)}"}
+        if "failed" in doc:
+            why = str(doc["failed"])
+        elif doc.get("verdict") is None:
+            return None
+        else:
+            return Verdict(**doc["verdict"])
+    return _verdict(ex, "error", tr("grade_checks_failed", lang, title=title, why=why), lang, world_size=run.world_size)
 
 
 def _judge(ex: Exercise, run: Run, res, lang: str, title: str, scenario: dict) -> Verdict | None:

@@ -22,6 +22,7 @@ private.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -220,7 +221,16 @@ def module_file(module: str) -> Path | None:
     return None
 
 
+def number(value) -> float | None:
+    """``value`` if it is a finite number (not a bool), else None: a rank's files are hostile input."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def _events(path: Path) -> dict:
+    """``{name: time}`` of the first event of each name a rank marked; an entry whose name is not a
+    short string or whose time is not a number is ignored (the rank wrote it, it is hostile input)."""
     out: dict = {}
     text = channel.read_text(str(path), MAX_EVENTS)
     for line in text.splitlines():
@@ -228,8 +238,11 @@ def _events(path: Path) -> dict:
             item = json.loads(line)
         except ValueError:
             continue
-        if isinstance(item, dict) and isinstance(item.get("ev"), str) and item["ev"] not in out:
-            out[item["ev"]] = item
+        if not isinstance(item, dict) or not isinstance(item.get("ev"), str) or len(item["ev"]) > 64:
+            continue
+        t = number(item.get("t"))
+        if t is not None and item["ev"] not in out and len(out) < 64:
+            out[item["ev"]] = t
     return out
 
 
@@ -342,6 +355,16 @@ def _signal_name(code: int | None, sandboxed: bool) -> str | None:
 
 
 def _collect(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> None:
+    """Read what the job left (size-capped, each file parsed as hostile input), then remove its folder,
+    whatever happens while reading."""
+    try:
+        _read_back(spec, job_dir, res, wall0)
+    finally:
+        if not os.environ.get("DTRAIN_KEEP_GRADE_DIRS"):
+            shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _read_back(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> None:
     status = _status(job_dir)
     res.attempts = 1 + max([s["attempt"] for s in status if s.get("event") == "attempt"], default=0)
     last = res.attempts - 1
@@ -360,16 +383,18 @@ def _collect(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> None
         elif r in killed:   # the supervisor ended it when a peer failed (SIGKILL), as torchrun does
             ro.signal, ro.ended = "SIGKILL", killed[r].get("t")
         ev = _events(adir / "events")
-        ro.events = {k: v.get("t") for k, v in ev.items()}
+        ro.events = ev
         if "done" in ev:
             ro.result = channel.read(str(adir / "result"))
         err = channel.read_text(str(adir / "error"), MAX_ERROR)
         if err:
             try:
                 info = json.loads(err)
-                ro.error = {k: str(info.get(k, ""))[:8000] for k in ("type", "message", "traceback", "time")}
             except ValueError:
-                ro.error = None
+                info = None
+            if isinstance(info, dict):
+                ro.error = {k: str(info.get(k, ""))[:8000] for k in ("type", "message", "traceback")}
+                ro.error["time"] = number(info.get("time"))
         ro.trace = trace.parse(channel.read_text(str(adir / "trace"), MAX_TRACE))
         stack = channel.read_text(str(adir / "stack"), 256 << 10)
         if stack.strip():
@@ -386,5 +411,3 @@ def _collect(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> None
         res.ranks.append(ro)
     if starts:
         res.to_first_start = max(0.0, min(starts) - wall0)
-    if not os.environ.get("DTRAIN_KEEP_GRADE_DIRS"):
-        shutil.rmtree(job_dir, ignore_errors=True)

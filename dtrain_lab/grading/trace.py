@@ -123,16 +123,37 @@ def count(op: str) -> int | None:
     return _counts.get(op, 0) if _installed else None
 
 
+def _int(v) -> bool:
+    return type(v) is int and -(1 << 31) <= v < (1 << 31)
+
+
+# what a trace entry may hold, and of which type; anything else of a line is dropped
+_FIELDS = {
+    "op": lambda v: isinstance(v, str) and 0 < len(v) <= 64,
+    "mark": lambda v: v is True,
+    "shape": lambda v: isinstance(v, list) and len(v) <= 16 and all(_int(d) and d >= 0 for d in v),
+    "dtype": lambda v: isinstance(v, str) and len(v) <= 32,
+    "peer": _int,
+    "src": _int,
+    "group": lambda v: v == "?" or (isinstance(v, list) and len(v) <= 4096 and all(_int(r) for r in v)),
+    "ops": lambda v: isinstance(v, list) and len(v) <= 4096 and all(
+        isinstance(o, list) and len(o) == 2 and isinstance(o[0], str) and len(o[0]) <= 16 and _int(o[1]) for o in v),
+}
+
+
 def parse(text: str) -> list[dict]:
-    """The calls of a trace file's text; a line that is not a JSON object (cut off, or forged) is skipped."""
+    """The calls of a trace file's text. The rank wrote it: a line that is not a JSON object (cut off,
+    or forged) is skipped, and of a line only the known fields of the right types are kept, so that a
+    check can trust the types of what it reads (not that the calls happened)."""
     out = []
     for line in text.splitlines():
         try:
             item = json.loads(line)
         except ValueError:
             continue
-        if isinstance(item, dict) and isinstance(item.get("op"), str):
-            out.append(item)
+        if not isinstance(item, dict) or not _FIELDS["op"](item.get("op")):
+            continue
+        out.append({k: v for k, v in item.items() if k in _FIELDS and _FIELDS[k](v)})
     return out
 
 
