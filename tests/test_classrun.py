@@ -277,10 +277,35 @@ def test_results_are_replaced_atomically(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
+HOSTILE_NAMES = ("=1+1", "+1", "-1", "@SUM(A1)", "\tx", "alice;=1+2", "bob,=HYPERLINK(\"http://x\")",
+                 "carol\t@SUM(A1)", "dave; +1", "eve|=cmd", "=1;2", "mallory\n=2")
+
+
 def test_csv_cells_never_start_a_formula():
-    for text in ("=1+1", "+1", "-1", "@SUM(A1)", "\tx"):
-        assert gradebook.csv_cell(text).startswith("'")
-    assert gradebook.csv_cell("alice") == "alice"
+    for text in HOSTILE_NAMES:   # (a line break becomes a space: "mallory =2" starts no cell)
+        cell = gradebook.csv_cell(text)
+        assert "\n" not in cell and ("'" in cell or text == "mallory\n=2"), text
+    for text in ("=1+1", "+1", "-1", "@SUM(A1)"):
+        assert gradebook.csv_cell(text) == "'" + text
+    assert gradebook.csv_cell("alice;=1+2") == "alice;'=1+2"
+    assert gradebook.csv_cell("alice") == "alice" and gradebook.csv_cell("o'brien, jr") == "o'brien, jr"
+
+
+@pytest.mark.parametrize("separator", [",", ";", "\t"])
+def test_a_spreadsheet_splitting_on_any_separator_sees_no_formula(separator):
+    """The gradebook as a spreadsheet reads it with ``,`` or ``;`` (German, French settings) or tab as
+    its list separator: no cell it makes starts a formula, and every cell is quoted."""
+    import csv
+    import io
+
+    results = {"submissions": [{"student": name, "file": name + ".ipynb", "verdicts": [
+        {"exercise": "lab10.rank_branch", "score": 1.0, "max_score": 1, "outcome": "pass"}]} for name in HOSTILE_NAMES]}
+    text = gradebook.gradebook_csv(results)
+    assert all(line.startswith('"') for line in text.splitlines())
+    for row in csv.reader(io.StringIO(text), delimiter=separator):
+        for cell in row:   # (a reader that met a quote in mid-cell keeps it: the cell starts after it)
+            start = cell.lstrip(' "')
+            assert start[:1] not in gradebook.FORMULA_START, (separator, cell)
 
 
 @pytest.mark.timeout(300)

@@ -2,8 +2,10 @@
 
 Atomic: a temporary file in the same folder, ``fsync``, ``os.replace`` over the old file, ``fsync``
 of the folder; a reader (or a crash) sees the old file or the whole new one, never half of one.
-The CSV is safe to open in a spreadsheet: a cell that would start a formula (a file named
-``=HYPERLINK(…).ipynb``) is written as text.
+The CSV is safe to open in a spreadsheet, whatever its list separator: every cell is quoted, and a
+cell that would start a formula (a file named ``=HYPERLINK(…).ipynb``), or that holds a separator
+followed by what would start one (a folder named ``alice;=1+2``, where ``;`` separates cells), is
+written as text.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import csv
 import io
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -27,15 +30,24 @@ def error_row(key: str, lang: str, *, exercise: str = "", max_score: int = 0, **
             "elapsed": 0.0}
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n", "|", "%")
+# a formula can start the cell, or start after any character a spreadsheet may split cells at
+_FORMULA_AT = re.compile(r'(^|[,;\t|"])([ "]*)(?=[=+\-@|%])')
+
+
 def csv_cell(value) -> str:
-    """A CSV cell a spreadsheet shows as text: a file named ``=HYPERLINK(…)`` is not a formula."""
-    text = str(value)
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+    """A CSV cell a spreadsheet shows as text: a file named ``=HYPERLINK(…)`` is not a formula, nor is
+    any piece of it that a spreadsheet splitting on ``,``, ``;``, tab or ``|`` would read as a cell
+    (``alice;=1+2`` becomes ``alice;'=1+2``). Line breaks become spaces: one record is one line."""
+    text = re.sub(r"[\r\n]", " ", str(value))
+    if text[:1] == "\t":   # a cell starting with a tab is read as a formula by some spreadsheets (OWASP)
+        text = "'" + text
+    return _FORMULA_AT.sub(lambda m: m.group(1) + m.group(2) + "'", text)
 
 
 def gradebook_csv(results: dict) -> str:
     out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
+    w = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
     w.writerow(COLUMNS)
     for sub in results["submissions"]:
         for r in sub["verdicts"]:
