@@ -9,7 +9,11 @@ came back through :mod:`dtrain_lab.grading.channel`:
   rank's ``run()`` returned, decoded (tensors, numbers, strings, lists, dicts; other objects are an
   :class:`~dtrain_lab.grading.channel.Opaque` carrying a short repr);
 * ``job_checks``: ``f(run) -> [problem, ...]``, once per run (the ranks' traces of collectives,
-  their results side by side, when each rank finished).
+  their results side by side, when each rank finished);
+* ``pattern_checks``: ``f(run) -> [problem, ...]``, the technique the exercise teaches, read from the
+  traces (:mod:`dtrain_lab.grading.patterns`); they run once the values are right, so that a wrong
+  answer is explained by what is wrong in it, and a right one obtained by a shortcut by what the
+  exercise wanted.
 
 :class:`Run` holds the inputs every rank was given (which no single rank saw), the seed they were
 drawn from, each rank's result, its trace of collectives (self-reported by the rank: a hint for
@@ -47,6 +51,7 @@ class Exercise:
     entry: str = "run"              # the function the submission defines, called in every rank
     checks: list = field(default_factory=list)
     job_checks: list = field(default_factory=list)
+    pattern_checks: list = field(default_factory=list)
     world_sizes: tuple = (2,)       # run once per world size; all must pass
     timeout: float = 20.0           # seconds after start-up, per run
     filename: str = ""              # what %%writefile writes in the lab notebook

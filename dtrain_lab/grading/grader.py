@@ -415,6 +415,10 @@ def _judge(ex: Exercise, run: Run, res, lang: str, title: str, scenario: dict) -
         for check in ex.all_checks():
             for p in _safe(check, lang, run, rank, result):
                 add(f"  rank {rank}: {p[lang]}")
+    if not problems:   # right values: were they obtained the way the exercise teaches?
+        for check in ex.pattern_checks:
+            for p in _safe(check, lang, run):
+                add(f"  {p[lang]}")
     if problems:
         head = [tr(_n_key("grade_wrong", n), lang, title=title, n=n)] + scen
         return _verdict(ex, "wrong", "\n".join(head + problems), lang, world_size=n)

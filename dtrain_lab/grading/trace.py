@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 
 import torch.distributed as dist
 
@@ -27,12 +28,28 @@ TRACED = ("all_reduce", "broadcast", "all_gather", "all_gather_object", "all_gat
           "all_to_all", "all_to_all_single", "broadcast_object_list", "batch_isend_irecv")
 P2P = ("send", "recv", "isend", "irecv")
 POINT_TO_POINT = P2P + ("batch_isend_irecv",)   # every traced call that is not a collective
-# isend/irecv stay unwrapped: P2POp checks its op *is* torch.distributed's isend/irecv, and they are
-# seen anyway through batch_isend_irecv, the way this course posts non-blocking pairs
+# isend/irecv are traced too: P2POp checks that its op *is* torch.distributed.distributed_c10d's
+# isend/irecv, so those module globals are replaced by the same wrappers as torch.distributed's; a
+# traced call torch makes inside another (send's isend, a batch's ops) is not recorded again
 
 _installed = False
 _fd: int | None = None
 _counts: dict[str, int] = {}
+
+
+# where a call's *input* (what this rank contributes) is, when it is not its first argument
+_INPUT_ARG = {"all_gather": (1, "tensor"), "all_gather_into_tensor": (1, "input_tensor"),
+              "all_to_all_single": (1, "input"), "all_to_all": (1, "input_tensor_list"),
+              "reduce_scatter": (1, "input_list"), "reduce_scatter_tensor": (1, "input"),
+              "scatter": (1, "scatter_list")}
+
+
+def _numel(x) -> int | None:
+    if hasattr(x, "numel"):
+        return int(x.numel())
+    if isinstance(x, (list, tuple)) and all(hasattr(t, "numel") for t in x):
+        return sum(int(t.numel()) for t in x)
+    return None
 
 
 def _describe(name: str, args, kwargs) -> dict:
@@ -41,11 +58,22 @@ def _describe(name: str, args, kwargs) -> dict:
     if hasattr(t, "shape"):
         entry["shape"] = list(t.shape)
         entry["dtype"] = str(t.dtype).replace("torch.", "")
+    # "sent": the elements this rank puts into the call (None: an object, or nothing, as a scatter's
+    # non-source rank); what a check compares with what the technique needs to move
+    where = _INPUT_ARG.get(name)
+    given = (args[where[0]] if len(args) > where[0] else kwargs.get(where[1])) if where else t
+    sent = _numel(given)
+    if sent is not None:
+        entry["sent"] = sent
+    if "dtype" not in entry and hasattr(given, "dtype"):
+        entry["dtype"] = str(given.dtype).replace("torch.", "")
+    elif "dtype" not in entry and isinstance(given, (list, tuple)) and given and hasattr(given[0], "dtype"):
+        entry["dtype"] = str(given[0].dtype).replace("torch.", "")
     if name in P2P:
         peer = args[1] if len(args) > 1 else kwargs.get("dst", kwargs.get("src"))
         entry["peer"] = peer
     if name == "batch_isend_irecv" and args:
-        entry["ops"] = [(op.op.__name__, op.peer) for op in args[0]]
+        entry["ops"] = [(op.op.__name__, op.peer, list(op.tensor.shape)) for op in args[0]]
     if name in ("broadcast",):
         entry["src"] = args[1] if len(args) > 1 else kwargs.get("src")
     group = kwargs.get("group")
@@ -64,21 +92,33 @@ def install(path: str) -> None:
         return
     _installed = True
     fd = _fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    inside = threading.local()
 
     def wrap(name, fn):
         @functools.wraps(fn)
         def traced(*args, **kwargs):
+            if getattr(inside, "on", False):   # a call torch makes inside a traced one (send -> isend,
+                return fn(*args, **kwargs)     # a batch's ops, all_gather_object -> all_gather): recorded once
             _counts[name] = _counts.get(name, 0) + 1
             os.write(fd, (json.dumps(_describe(name, args, kwargs)) + "\n").encode())
-            return fn(*args, **kwargs)
+            inside.on = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                inside.on = False
 
         traced.__dtrain_traced__ = True
         return traced
 
-    for name in TRACED:
+    from torch.distributed import distributed_c10d as c10d
+
+    for name in TRACED + ("isend", "irecv"):
         fn = getattr(dist, name, None)
         if fn is not None and not getattr(fn, "__dtrain_traced__", False):
-            setattr(dist, name, wrap(name, fn))
+            traced = wrap(name, fn)
+            setattr(dist, name, traced)
+            if name in ("isend", "irecv") and getattr(c10d, name, None) is fn:
+                setattr(c10d, name, traced)   # what P2POp and batch_isend_irecv compare ops with
 
 
 def mark(name: str) -> None:
@@ -134,10 +174,12 @@ _FIELDS = {
     "shape": lambda v: isinstance(v, list) and len(v) <= 16 and all(_int(d) and d >= 0 for d in v),
     "dtype": lambda v: isinstance(v, str) and len(v) <= 32,
     "peer": _int,
+    "sent": lambda v: type(v) is int and 0 <= v < (1 << 62),
     "src": _int,
     "group": lambda v: v == "?" or (isinstance(v, list) and len(v) <= 4096 and all(_int(r) for r in v)),
     "ops": lambda v: isinstance(v, list) and len(v) <= 4096 and all(
-        isinstance(o, list) and len(o) == 2 and isinstance(o[0], str) and len(o[0]) <= 16 and _int(o[1]) for o in v),
+        isinstance(o, list) and len(o) in (2, 3) and isinstance(o[0], str) and len(o[0]) <= 16 and _int(o[1])
+        and (len(o) == 2 or _FIELDS["shape"](o[2])) for o in v),
 }
 
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab02 as contract
+from dtrain_lab.grading import patterns
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, problem
 
@@ -269,7 +270,9 @@ EXERCISES = [
     _exercise("buckets", rendered("lab02_title_buckets"), [_check_buckets],
               world_sizes=(1,)),
     _exercise("sync", rendered("lab02_title_sync"), [_check_training],
-              job_checks=[_one_allreduce_per_bucket], world_sizes=(2, 3)),
+              job_checks=[_one_allreduce_per_bucket], world_sizes=(2, 3),
+              pattern_checks=[patterns.only(("all_reduce",), "pattern_ddp_allreduce")]),
     _exercise("overlap", rendered("lab02_title_overlap"), [_check_overlap],
-              job_checks=[_one_allreduce_per_bucket], world_sizes=(2, 3)),
+              job_checks=[_one_allreduce_per_bucket], world_sizes=(2, 3),
+              pattern_checks=[patterns.only(("all_reduce",), "pattern_ddp_allreduce")]),
 ]

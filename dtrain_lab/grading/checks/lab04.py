@@ -14,6 +14,7 @@ import torch
 
 from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab04 as contract
+from dtrain_lab.grading import patterns
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, combine, problem
 from dtrain_lab.parallel.compression import CommState, payload_bytes, topk_select, topk_sparse_allreduce
@@ -194,9 +195,11 @@ EXERCISES = [
     Exercise(id="lab04.sparse_allreduce", lab=LAB, filename="lab04_sparse_allreduce.py", timeout=20,
              title=rendered("lab04_title_sparse_allreduce"),
              checks=[_check_sparse], job_checks=[_no_summed_indices_or_dense({n for _, n, _ in contract.SPARSE_CASES})],
+             pattern_checks=[patterns.sparse(max(k for _, _, k in contract.SPARSE_CASES))],
              explain=_explain_gather, world_sizes=(2, 3), make_inputs=contract.make_inputs, hide=HIDE),
     Exercise(id="lab04.topk_ef", lab=LAB, filename="lab04_topk_ef.py", timeout=20,
              title=rendered("lab04_title_topk_ef"),
              checks=[_check_ef], job_checks=[_no_summed_indices_or_dense({n for _, n, _, _ in contract.EF_CASES})],
+             pattern_checks=[patterns.sparse(max(k for _, _, k, _ in contract.EF_CASES))],
              explain=_explain_gather, world_sizes=(2, 3), make_inputs=contract.make_inputs, hide=HIDE),
 ]

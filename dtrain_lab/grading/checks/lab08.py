@@ -16,12 +16,15 @@ accumulation over the same micro-batches, from stage 0's inputs and stage 1's ta
 """
 from __future__ import annotations
 
+import math
+
 import re
 
 import torch
 
 from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab08 as contract
+from dtrain_lab.grading import patterns
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, problem
 
@@ -260,5 +263,6 @@ EXERCISES = [
     Exercise(id="lab08.run_1f1b", lab=LAB, filename="lab08_run_1f1b.py", timeout=15,
              title=rendered("lab08_title_run_1f1b"),
              checks=[_check_run], job_checks=[_no_blocking_send], explain=_explain_run, world_sizes=(2,),
+             pattern_checks=[patterns.pipeline(contract.M * contract.STEPS, math.prod(contract.ACT_SHAPE))],
              make_inputs=contract.make_inputs, hide=HIDE),
 ]

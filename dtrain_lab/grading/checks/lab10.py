@@ -17,6 +17,7 @@ import math
 
 from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab10 as contract
+from dtrain_lab.grading import patterns
 from dtrain_lab.grading import trace
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, problem
@@ -218,5 +219,6 @@ EXERCISES = [
               [_check_accum]),
     _exercise("hierarchical", rendered("lab10_title_hierarchical"),
               [_check_hierarchical], job_checks=[_two_levels], world_sizes=(3, 4), timeout=20,
+              pattern_checks=[patterns.two_levels(contract.node_ranks)],
               hide=("dtrain_lab.comm.hierarchical",)),
 ]

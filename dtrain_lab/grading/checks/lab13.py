@@ -15,6 +15,7 @@ import torch
 
 from dtrain_lab.i18n import rendered
 from dtrain_lab.grading import lab13 as contract
+from dtrain_lab.grading import patterns
 from dtrain_lab.grading.channel import short
 from dtrain_lab.grading.exercise import Exercise, problem
 
@@ -126,10 +127,12 @@ def _explain_moe(outcome: str, feedback: str, source: str) -> list:
 EXERCISES = [
     Exercise(id="lab13.ring_attention", lab=LAB, filename="lab13_ring_attention.py", timeout=20,
              title=rendered("lab13_title_ring_attention"),
-             checks=[_check_ring], job_checks=[_no_blocking_send], world_sizes=(2, 3),
+             checks=[_check_ring], job_checks=[_no_blocking_send],
+             pattern_checks=[patterns.ring(lambda run, r: 2 * run.inputs[r]["k"].numel())], world_sizes=(2, 3),
              make_inputs=contract.make_inputs, hide=HIDE),
     Exercise(id="lab13.dispatch_combine", lab=LAB, filename="lab13_dispatch_combine.py", timeout=20,
              title=rendered("lab13_title_dispatch_combine"),
              checks=[_check_moe], explain=_explain_moe, world_sizes=(2, 3), make_inputs=contract.make_inputs,
+             pattern_checks=[patterns.all_to_all],
              hide=HIDE, consistent_collectives=False),   # uneven splits: the ranks' All-to-Alls differ in size
 ]
