@@ -96,7 +96,8 @@ def test_orphans_flood_os_exit_and_args(run, start):
     assert not gone.ok and gone.first_failure == 1 and gone.exception == "exit code 3"
 
     args = run(HOSTILE, nproc=2, args=["args", "--lr", 0.5], timeout=60, start=start)
-    assert args.ok and "args: ['--lr', '0.5']" in args.output[1]
+    assert args.ok, args.summary() + "\n" + args.agent_output[-3000:] + "\n".join(x.output[-2000:] for x in args.ranks)
+    assert "args: ['--lr', '0.5']" in args.output[1]
     # the program ran as `python hostile.py ...` would run it, forked or not
     assert "main: __main__ hostile.py [] " in args.output[0] and "workers\n" in args.output[0]
 

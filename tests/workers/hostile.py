@@ -51,5 +51,8 @@ elif mode == "args":
     print("args:", sys.argv[2:])
     leaked = sorted(k for k in globals() if k.startswith("_") and not k.startswith("__"))  # none of ours
     print("main:", __name__, os.path.basename(sys.argv[0]), leaked, os.path.basename(sys.path[0]))
+# both ranks through init before either leaves: under load a rank that returned from
+# init_process_group and exited at once closed the socket of a peer still in gloo's connectFullMesh
+dist.barrier()
 dist.destroy_process_group()
 os._exit(0)
