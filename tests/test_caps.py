@@ -113,3 +113,16 @@ def test_fp16_follows_the_probe_in_configs_and_lessons():
             with pytest.raises(LabError) as e:
                 dsl.make_config(world_size=2, precision="fp16")
             assert e.value.key == "ds_no_fp16"
+
+
+def test_lessons_ask_caps_too():
+    """The lessons' own cells ask dtrain_lab.caps (and print torch's release, not its build's tag):
+    what they store must not depend on the machine or on which torch wheel was installed."""
+    import re
+
+    bad = []
+    for path in sorted((ROOT / "lessons" / "_source").glob("*.md")) + sorted((ROOT / "solutions" / "_source").glob("*.md")):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"torch\.cuda\.(is_available|device_count)\(|_is_mkldnn_|torch\.__version__(?!\.startswith)", line):
+                bad.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:80]}")
+    assert not bad, "\n".join(bad)

@@ -355,3 +355,14 @@ def test_the_supervisor_server_ends_with_the_grader(mode, tmp_path):
     proc.kill()
     proc.wait()
     assert ended(server, 20), "the supervisor server outlived the grader"
+
+
+def test_private_folders_come_before_the_binds(tmp_path):
+    """A rank's private /tmp and HOME are mounted before the course, Python and the venv are bound:
+    a checkout under either (a fresh clone in /tmp, as CI makes; a learner's under /home/learner, the
+    sandbox's own HOME) is bound on top of them instead of hidden by them."""
+    etc = sandbox.etc_files(tmp_path / "etc")
+    argv = sandbox.inner_argv(env={}, ro={}, rw={}, limits=sandbox.Limits(), command=["true"], etc=etc)
+    first_bind = argv.index("--ro-bind")
+    for private in ("/tmp", sandbox.HOME):
+        assert argv.index(private) < first_bind, (private, argv[:first_bind + 2])

@@ -22,6 +22,7 @@ from pathlib import Path
 from dtrain_lab import caps
 from dtrain_lab.grading import channel, registry, runner, trace
 from dtrain_lab.grading.exercise import Exercise, Run, problem
+from dtrain_lab.sandbox import apart
 from dtrain_lab.i18n import get_lang, tr
 from dtrain_lab.jobs.diagnose import is_secondary_error
 
@@ -278,72 +279,25 @@ CHECK_MEMORY = 2 << 30        # and the memory it may add to the grader's
 
 
 def judge_apart(ex: Exercise, run: Run, res, lang: str, title: str, scenario: dict) -> Verdict | None:
-    """:func:`_judge` in a forked child of this process, under a clock and a memory limit: what the
-    checks compute from a rank's values (hostile input: a (1, N) tensor where a list of buckets was
-    expected took a grade from 20 s to 71 s and 2.2 GiB) cannot stall or exhaust the grader. A check
-    that overruns or dies is an ``error`` verdict for this submission. The child runs torch on one
-    thread: a fork of a process whose OpenMP pool has run would hang on its first parallel op."""
-    import json
-    import resource
-    import select
-    import signal
-    import time
+    """:func:`_judge` in a forked child of this process, under a clock and a memory limit
+    (:func:`dtrain_lab.sandbox.apart.call`): what the checks compute from a rank's values (hostile
+    input: a (1, N) tensor where a list of buckets was expected took a grade from 20 s to 71 s and
+    2.2 GiB) cannot stall or exhaust the grader. A check that overruns or dies is an ``error``
+    verdict for this submission."""
+    def judged():
+        v = _judge(ex, run, res, lang, title, scenario)
+        return None if v is None else asdict(v)
 
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:   # the child: judge, hand the verdict back as JSON, end without running any cleanup
-        code = 0
-        try:
-            os.close(read_fd)
-            import torch
-
-            torch.set_num_threads(1)
-            with open("/proc/self/status") as f:
-                vm = next((int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:")), 0)
-            if vm:
-                resource.setrlimit(resource.RLIMIT_AS, (vm + CHECK_MEMORY, vm + CHECK_MEMORY))
-            v = _judge(ex, run, res, lang, title, scenario)
-            doc = {"verdict": None if v is None else asdict(v)}
-        except BaseException as exc:  # noqa: BLE001 - told to the parent, which gives an error verdict
-            doc, code = {"failed": channel.cut(f"{type(exc).__name__}: {exc}", 300)}, 1
-        try:
-            data = json.dumps(doc, default=str).encode()
-            view = memoryview(data)
-            while view:
-                view = view[os.write(write_fd, view):]
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    chunks, deadline, why = [], time.monotonic() + CHECK_SECONDS, None
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                why = tr("grade_check_overran", lang, seconds=int(CHECK_SECONDS))
-                break
-            ready, _, _ = select.select([read_fd], [], [], min(left, 1.0))
-            if ready:
-                chunk = os.read(read_fd, 1 << 16)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-    finally:
-        os.close(read_fd)
-        if why is not None:
-            os.kill(pid, signal.SIGKILL)
-        status = os.waitpid(pid, 0)[1]
-    if why is None:
-        try:
-            doc = json.loads(b"".join(chunks))
-        except ValueError:
-            doc = {"failed": f"the checks ended with status {os.waitstatus_to_exitcode(status)}"}
-        if "failed" in doc:
-            why = str(doc["failed"])
-        elif doc.get("verdict") is None:
-            return None
-        else:
-            return Verdict(**doc["verdict"])
-    return _verdict(ex, "error", tr("grade_checks_failed", lang, title=title, why=why), lang, world_size=run.world_size)
+        doc = apart.call(judged, seconds=CHECK_SECONDS, memory=CHECK_MEMORY)
+    except apart.ApartError as exc:
+        if "Autograd-and-Fork" not in str(exc):
+            return _verdict(ex, "error", tr("grade_checks_failed", lang, title=title, why=channel.cut(str(exc), 300)),
+                            lang, world_size=run.world_size)
+        # this process ran a backward on fake tensors in a CUDA build of torch (a learner's own cell):
+        # no forked child of it can run autograd, so the checks run here, as they did before
+        return _judge(ex, run, res, lang, title, scenario)
+    return None if doc is None else Verdict(**doc)
 
 
 def _judge(ex: Exercise, run: Run, res, lang: str, title: str, scenario: dict) -> Verdict | None:

@@ -157,6 +157,7 @@ def watch_reads(rt=None) -> None:
     import sys
 
     target = os.path.normpath(os.path.abspath(checkpoint_path()))
+    name = os.path.basename(target)
 
     def hook(event, args):
         if event != "open" or not args or isinstance(args[0], int):
@@ -165,10 +166,14 @@ def watch_reads(rt=None) -> None:
         reading = ("r" in mode and "+" not in mode) if isinstance(mode, str) \
             else (flags or 0) & os.O_ACCMODE == os.O_RDONLY
         try:
-            path = os.path.normpath(os.path.abspath(os.fsdecode(args[0])))
-        except (TypeError, ValueError):
+            given = os.fsdecode(args[0])
+            path = os.path.normpath(os.path.abspath(given))
+            real = os.path.realpath(given)
+        except (TypeError, ValueError, OSError):
             return
-        if reading and path == target:
+        # a relative name opened against a folder descriptor (os.open(name, dir_fd=...)) or through a
+        # link is the checkpoint too: the same file name, or the same file once links are resolved
+        if reading and (path == target or real == target or os.path.basename(path) == name):
             trace.mark(READ)
 
     sys.addaudithook(hook)

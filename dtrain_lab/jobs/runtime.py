@@ -140,6 +140,15 @@ def in_notebook() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+def torch_release() -> str:
+    """torch's version without its build's local tag: ``2.13.0`` whether the wheel is ``2.13.0+cpu``
+    (PyTorch's CPU index) or ``2.13.0+cu130`` (PyPI's default on Linux), so that what a lesson prints
+    does not depend on which build a learner installed."""
+    import torch
+
+    return torch.__version__.split("+", 1)[0]
+
+
 def gpu_count() -> int:
     """CUDA GPUs visible here (:func:`dtrain_lab.caps.gpu_count`: 0 with ``DTRAIN_CAPS=cuda=0``)."""
     return caps.gpu_count()

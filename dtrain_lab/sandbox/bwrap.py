@@ -320,13 +320,13 @@ def inner_argv(*, env: dict, ro: dict[str, str], rw: dict[str, str], limits: Lim
     args = [pr.bwrap, *inner_namespaces(pr.features), "--clearenv"]
     for k, v in sorted(env.items()):
         args += ["--setenv", k, str(v)]
-    # the private /tmp first: a course installed under /tmp (a fresh clone, CI) is bound on top of it
-    args += [*size, "--tmpfs", "/tmp"]
+    # the private /tmp and HOME first: a course installed under either (a fresh clone in /tmp, as CI
+    # makes; a learner whose checkout is under /home/learner) is bound on top of them, not hidden
+    args += [*size, "--tmpfs", "/tmp", *size, "--tmpfs", HOME]
     args += system_binds() + ["--proc", "/proc", "--dev", "/dev"]
     for dest, src in etc.items():
         args += ["--ro-bind", str(src), dest]
-    args += [*size, "--tmpfs", HOME, *size, "--tmpfs", "/dev/shm",
-             *(["--bind", SHARED, SHARED] if share else []), "--dir", IO]
+    args += [*size, "--tmpfs", "/dev/shm", *(["--bind", SHARED, SHARED] if share else []), "--dir", IO]
     for dest, src in sorted(ro.items()):
         args += ["--ro-bind", str(src), dest]
     for dest, src in sorted(rw.items()):

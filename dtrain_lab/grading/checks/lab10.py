@@ -125,6 +125,8 @@ def _check_shared_file(run, rank, result):
 
 def _readers_wait_for_writer(run):
     """Reading a file another rank writes needs a synchronisation after the write, before the read.
+    A reader whose read the audit hook did not see is judged on its whole trace: it must have waited
+    for the write at some point (``os.open(name, dir_fd=...)`` used to skip the check).
 
     From the ranks' traces (self-reported: they catch honest mistakes, whatever the timing of this
     run): rank 0's trace marks where ``write_checkpoint`` returned, a reader's where it last opened
@@ -141,10 +143,12 @@ def _readers_wait_for_writer(run):
         return []
     before_write = writer[:written]
     for rank, entries in sorted(run.timeline.items()):
-        reads = [i for i, e in enumerate(entries) if e.get("mark") and e["op"] == contract.READ]
-        if rank == 0 or not reads:
+        if rank == 0:
             continue
-        before_read = entries[:reads[-1]]
+        reads = [i for i, e in enumerate(entries) if e.get("mark") and e["op"] == contract.READ]
+        # a reader whose read left no mark (opened some other way than the hook saw) must still have
+        # waited for the write somewhere before it returned: its whole trace is what it did before
+        before_read = entries[:reads[-1]] if reads else entries
         written_by = trace.collectives_by_group(before_write, (0, rank))
         if any(n > written_by.get(group, 0) for group, n in trace.collectives_by_group(before_read, (0, rank)).items()):
             continue
