@@ -292,8 +292,9 @@ def judge_apart(ex: Exercise, run: Run, res, lang: str, title: str, scenario: di
         doc = apart.call(judged, seconds=CHECK_SECONDS, memory=CHECK_MEMORY)
     except apart.ApartError as exc:
         if "Autograd-and-Fork" not in str(exc):
-            return _verdict(ex, "error", tr("grade_checks_failed", lang, title=title, why=channel.cut(str(exc), 300)),
-                            lang, world_size=run.world_size)
+            why = tr("grade_check_overran", lang, seconds=int(exc.overran)) if exc.overran else channel.cut(str(exc), 300)
+            return _verdict(ex, "error", tr("grade_checks_failed", lang, title=title, why=why), lang,
+                            world_size=run.world_size)
         # this process ran a backward on fake tensors in a CUDA build of torch (a learner's own cell):
         # no forked child of it can run autograd, so the checks run here, as they did before
         return _judge(ex, run, res, lang, title, scenario)

@@ -181,7 +181,8 @@ def pipeline(microbatches: int, act_elements: int):
             for direction, peer in want:
                 sizes = [n for d, q, n in msgs if d == direction and q == peer]
                 if len(sizes) != microbatches or any(n != act_elements for n in sizes):
-                    return [problem("pattern_pipe_messages", rank=rank, direction=rendered(f"pattern_{direction}"), peer=peer,
+                    way = rendered("pattern_send" if direction == "send" else "pattern_recv")
+                    return [problem("pattern_pipe_messages", rank=rank, direction=way, peer=peer,
                                     n=len(sizes), want=microbatches, elements=act_elements)]
         return []
     return check

@@ -22,7 +22,12 @@ import time
 
 
 class ApartError(RuntimeError):
-    """The child overran its clock, ran out of memory, or raised: the message says which."""
+    """The child overran its clock (``overran``: the seconds it had), ran out of memory, or raised:
+    the message says which."""
+
+    def __init__(self, message: str, overran: float | None = None):
+        super().__init__(message)
+        self.overran = overran
 
 
 def _vm_bytes() -> int:
@@ -83,7 +88,7 @@ def call(fn, *args, seconds: float = 60.0, memory: int | None = None, **kwargs):
             os.kill(pid, signal.SIGKILL)
         status = os.waitpid(pid, 0)[1]
     if overran:
-        raise ApartError(f"more than {seconds:g} s")
+        raise ApartError(f"more than {seconds:g} s", overran=seconds)
     try:
         doc = json.loads(b"".join(chunks))
     except ValueError:
