@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import socket
 import threading
 import time
@@ -32,6 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import psutil
 
+from dtrain_lab.sandbox import contain
 from dtrain_lab.i18n import LabError, tr
 from dtrain_lab.jobs.launch import launch
 from dtrain_lab.jobs.outcome import native_abort
@@ -94,52 +94,51 @@ class NodesResult:
         return "\n".join(lines)
 
 
-def _marker_processes(marker: str, node: int | None = None) -> list:
+def _node_inits(marker: str, node: int | None = None) -> list:
+    """The launches' inits of node ``node`` (every node if None): this process's children that were
+    started with the run's marker (every launch runs under an init, a child subreaper that holds the
+    whole process tree of its node: :mod:`dtrain_lab.sandbox.contain`)."""
     found = []
-    me = os.getpid()
-    for p in psutil.process_iter(["pid"]):
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return found
+    for p in children:
         try:
-            if p.pid == me:
-                continue
             env = p.environ()
             if env.get("DTRAIN_NODES_ID") != marker:
                 continue
             if node is not None and env.get("DTRAIN_SIM_NODE") != str(node):
                 continue
-            if p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
+            found.append(p)
         except (psutil.Error, OSError):
             continue
     return found
 
 
-def _kill_marker(marker: str, node: int | None = None, rounds: int = 10) -> bool:
-    """SIGKILL every process of simulated node ``node`` (all nodes if None) until none is left.
+def _kill_marker(marker: str, node: int | None = None) -> bool:
+    """SIGKILL every process of simulated node ``node`` (all nodes if None): each launch's init and
+    its whole tree.
 
-    True if a torchrun agent (a child of this process) was among them: the node was still running
-    and was stopped by this kill. False if only leftovers of an agent that had already ended were
-    found, or nothing.
+    True if one of those inits was still running when this was called (decided before any kill, so
+    that the order in which processes die does not change the answer): the node was stopped by this
+    kill. False if its launch had already ended, or nothing was found.
     """
-    me = os.getpid()
-    killed_agent = False
-    for _ in range(rounds):
-        procs = _marker_processes(marker, node)
-        if not procs:
-            break
-        for p in procs:
-            try:
-                agent = p.ppid() == me
-                p.kill()
-                killed_agent = killed_agent or agent
-            except psutil.Error:
-                pass
-        # wait without reaping: psutil.wait_procs would waitpid() the torchrun agents, which are
-        # children of this process, and their launch() (Popen.poll in another thread) would then
-        # find no exit status and report returncode 0 for a killed node
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and any(_alive(p) for p in procs):
-            time.sleep(0.05)
-    return killed_agent
+    inits = _node_inits(marker, node)
+    running = False
+    for p in inits:
+        try:
+            running = running or p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            continue
+    for p in inits:
+        # the tree, then the init itself, without reaping it: the launch (Popen.poll in another
+        # thread) must find its exit status, or it would report returncode 0 for a killed node
+        contain.kill_tree(p.pid)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and any(_alive(p) for p in inits):
+        time.sleep(0.05)
+    return running
 
 
 def _alive(p) -> bool:
