@@ -74,7 +74,9 @@ def _servers() -> set[int]:
 def processes_with_tag(tag: str) -> list[psutil.Process]:
     """Live processes of this test process's tree (where every process a job lets escape lands)
     started since ``tag`` was made, other than this process's fork servers."""
-    before = _TAGS.get(tag, set())
+    if tag not in _TAGS:   # a tag of its own making would count every earlier test's leftovers as this job's
+        raise KeyError(f"{tag!r} was not made by new_tag()")
+    before = _TAGS[tag]
     servers = _servers()
     found = []
     for p in _tree():

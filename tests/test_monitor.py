@@ -8,13 +8,12 @@ in this process (nesting arithmetic with sleeps, misuse errors, the rank-0-only 
 import io
 import json
 import os
-import uuid
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_no_survivors
+from conftest import assert_no_survivors, new_tag
 from dtrain_lab.jobs import monitor
 from dtrain_lab.i18n import LANGS, LabError
 from dtrain_lab.jobs.launch import launch
@@ -25,7 +24,7 @@ STEPS, WARMUP, BATCH, DELAY, SLOW, TRACE_STEPS = 12, 2, 8, 0.2, 1, 2
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    tag = uuid.uuid4().hex
+    tag = new_tag()
     trace_dir = tmp_path_factory.mktemp("traces")
     r = launch("dtrain_lab.demos.monitor_run", nproc=2, timeout=90, quiet=True,
                env={"DTRAIN_TEST_TAG": tag},

@@ -4,12 +4,11 @@ rendezvous on a loopback port (dtrain_lab.jobs.cluster.run_local_nodes), gloo.
 One job that succeeds (every check on its reports) and one where node 1 fails right after start-up:
 node 0 must then be stopped at once, and no process of either node may survive.
 """
-import uuid
 
 import pytest
 import torch
 
-from conftest import assert_no_survivors
+from conftest import assert_no_survivors, new_tag
 from dtrain_lab.jobs import cluster
 
 DEMO = "dtrain_lab.demos.multinode_check"
@@ -17,7 +16,7 @@ DEMO = "dtrain_lab.demos.multinode_check"
 
 @pytest.fixture(scope="module")
 def job():
-    tag = uuid.uuid4().hex
+    tag = new_tag()
     # node 1's agent starts a second before node 0's: c10d numbers the agents by (address, pid),
     # so "node 1" normally becomes group rank 0 (pids can wrap around: the test reads them)
     r = cluster.run_local_nodes(DEMO, nnodes=2, nproc=1, timeout=90, startup_timeout=120,
@@ -107,7 +106,7 @@ time.sleep(600)
 def test_a_failing_node_stops_the_other_and_leaves_nothing(tmp_path):
     worker = tmp_path / "fail_worker.py"
     worker.write_text(FAIL_WORKER)
-    tag = uuid.uuid4().hex
+    tag = new_tag()
     r = cluster.run_local_nodes(str(worker), nnodes=2, nproc=1, timeout=120, startup_timeout=120,
                                 env={"DTRAIN_TEST_TAG": tag, "DTRAIN_TEST_MARK": str(tmp_path / "node0_started")})
     assert_no_survivors(tag)

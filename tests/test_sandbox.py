@@ -346,14 +346,20 @@ def test_the_supervisor_server_ends_with_the_grader(mode, tmp_path):
             f"from dtrain_lab.sandbox import supervisors\n"
             f"spec = runner.JobSpec(exercise='test.probe', entry='run', submission=Path({str(probe)!r}), world_size=2, "
             f"inputs=[channel.encode(0)] * 2, timeout=60, sandboxed={mode == 'bwrap'})\nres = runner.run(spec)\n"
-            f"print(res.ok, res.mode, supervisors.server_pid(), flush=True)\ntime.sleep(120)\n")
+            f"print(res.ok, res.mode, supervisors.server_pid(), flush=True)\n"
+            f"print(res.start_error, res.hung, res.phase, [(r.code, r.signal, r.stderr[-300:]) for r in res.ranks], flush=True)\n"
+            f"time.sleep(120)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
-    ok, got, pid = proc.stdout.readline().split()
-    assert ok == "True" and got == mode, (ok, got)
-    server = psutil.Process(int(pid))
-    assert server.ppid() == proc.pid
-    proc.kill()
-    proc.wait()
+    try:
+        line = proc.stdout.readline()
+        assert len(line.split()) == 3, line
+        ok, got, pid = line.split()
+        assert ok == "True" and got == mode, (ok, got, proc.stdout.readline())
+        server = psutil.Process(int(pid))
+        assert server.ppid() == proc.pid, (server.ppid(), proc.pid, server.cmdline())
+    finally:
+        proc.kill()      # the grader dies without any cleanup (and never outlives this test)
+        proc.wait()
     assert ended(server, 20), "the supervisor server outlived the grader"
 
 

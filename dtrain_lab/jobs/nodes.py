@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import socket
 import threading
 import time
@@ -118,26 +119,19 @@ def _node_inits(marker: str, node: int | None = None) -> list:
 
 def _kill_marker(marker: str, node: int | None = None) -> bool:
     """SIGKILL every process of simulated node ``node`` (all nodes if None): each launch's init and
-    its whole tree.
+    its whole tree, without reaping the init (the launch, Popen.poll in another thread, must find its
+    exit status, or it would report returncode 0 for a killed node).
 
-    True if one of those inits was still running when this was called (decided before any kill, so
-    that the order in which processes die does not change the answer): the node was stopped by this
-    kill. False if its launch had already ended, or nothing was found.
-    """
+    True if one of those inits was still running when this was called. Whether the kill is how the
+    node ended is for the caller to read in the launch's result: a node whose agent lost the
+    rendezvous store can end by itself at the same moment, with an error of its own."""
     inits = _node_inits(marker, node)
-    running = False
+    running = any(_alive(p) for p in inits)
     for p in inits:
-        try:
-            running = running or p.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            continue
-    for p in inits:
-        # the tree, then the init itself, without reaping it: the launch (Popen.poll in another
-        # thread) must find its exit status, or it would report returncode 0 for a killed node
-        contain.kill_tree(p.pid)
+        contain.kill_tree(p.pid)   # the tree, then the init itself
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline and any(_alive(p) for p in inits):
-        time.sleep(0.05)
+        time.sleep(0.02)
     return running
 
 
@@ -281,10 +275,11 @@ def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence
     nodes, all_ranks, stopped = [], [], []
     for i in range(nnodes):
         group_rank, true_ranks, ranks = _remap(results[i], nproc, i)
-        # stopped by its peer: killed while running, before any of its ranks had failed by itself.
-        # The launches return in no particular order: the node whose rank failed first may still be
-        # in its agent's shutdown when another node's failure is seen
-        if i in killed and not _failed_by_itself(results[i], ranks):
+        # stopped by its peer: killed while running, and ended by that kill (SIGKILL: its own end
+        # would have been an exit code), before any of its ranks had failed by itself. The launches
+        # return in no particular order: the node whose rank failed first may still be in its agent's
+        # shutdown when another node's failure is seen
+        if i in killed and results[i].returncode == -signal.SIGKILL and not _failed_by_itself(results[i], ranks):
             stopped.append(i)
         nodes.append(NodeInfo(requested_rank=i, group_rank=group_rank, ranks=true_ranks, result=results[i],
                               stopped=i in stopped))
