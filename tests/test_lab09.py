@@ -123,14 +123,18 @@ def test_a_forged_resume_report_fails():
     # the solutions' passing grades: solutions/{zh,en}/lab_09_recovery.ipynb, re-graded by nbval
     # (tests/test_solution_cells.py checks that each exercise's pass is stored there)
     # no Job, no communication, a report claiming a resume: each rank has only its own data
+    # it never reaches the grader's fault, so the supervisor never kills anything: one attempt
     forged = grade("lab09.resume", WRONG / "resume_forged.py", lang="en")
-    assert forged.outcome == "wrong" and "differ from the uninterrupted run's" in forged.feedback, forged.feedback
+    assert forged.outcome == "wrong" and "fault never fired" in forged.feedback, forged.feedback
 
 
 LAUNCHED_WRONG = {
     "resume_rank0_rng.py": ("zh", "wrong", ["rank 0 的随机数状态", "all_gather_object", "场景"]),
-    "resume_start_over.py": ("en", "wrong", ["started over from step 0"]),
-    "resume_not_atomic.py": ("en", "crash", ["torn", "rank 0 killed while writing its second checkpoint"]),
+    # starting over trains on the batches handed out after the restart, which differ before step 4
+    "resume_start_over.py": ("en", "wrong", ["started over from step 0", "differ from the uninterrupted run's"]),
+    "resume_no_checkpoint.py": ("en", "wrong", ["differ from the uninterrupted run's"]),
+    # the fault taken out of the rank: the supervisor, not the rank, says whether it fired
+    "resume_disarmed.py": ("en", "wrong", ["fault never fired"]),
 }
 
 
@@ -142,3 +146,35 @@ def test_resume_wrong_answers_fail_with_an_explanation(file):
     assert not v.passed and v.outcome == outcome, v.feedback
     for phrase in phrases:
         assert phrase in v.feedback, (phrase, v.feedback)
+
+
+@pytest.mark.timeout(240)
+def test_the_kill_comes_from_outside_and_lands_inside_the_write(monkeypatch):
+    """A non-atomic save is torn by the mid-checkpoint kill: the supervisor's own record says it killed
+    rank 0 of the first attempt at the grader's mark in torch.save, the file it was writing holds half
+    a checkpoint (seen from here without a sandbox; a sandbox's /shared is its own), and the next
+    attempt crashes loading it. (tools/measure_lab09_faults.py measures how often the kill lands
+    inside the write.)"""
+    import json
+    import shutil
+
+    from dtrain_lab.grading import runner
+
+    monkeypatch.setenv("DTRAIN_KEEP_GRADE_DIRS", "1")
+    v = grade("lab09.resume", WRONG / "resume_not_atomic.py", lang="en")
+    jobs = [runner._job_root() / r["job"] for r in v.details["runs"]]
+    try:
+        assert v.outcome == "crash" and "torn" in v.feedback and len(jobs) == 2, v.feedback
+        status = [json.loads(line) for line in (jobs[1] / "status.jsonl").read_text().splitlines()]
+        faults = [(s["attempt"], s["rank"], s["mark"]) for s in status if s["event"] == "fault"]
+        assert faults == [(0, 0, lab09.MARK_SAVE)], status
+        assert sum(s["event"] == "attempt" for s in status) == 2
+        if v.details["runs"][1]["mode"] == "none":   # in a sandbox, /shared is a tmpfs gone with the job
+            ckpt = jobs[1] / "shared" / "checkpoints"
+            whole, torn = (ckpt / "step_000004.pt").stat().st_size, (ckpt / "step_000008.pt").stat().st_size
+            assert 0.4 * whole < torn < 0.6 * whole, (torn, whole)    # half of step 8's bytes
+            with pytest.raises(Exception):
+                torch.load(ckpt / "step_000008.pt", weights_only=True)
+    finally:
+        for job in jobs:
+            shutil.rmtree(job, ignore_errors=True)

@@ -27,8 +27,11 @@ Other kinds of exercise:
 * ``static_check(text, path) -> problems``: a text file that is read, never run (lab 11's ``.env``);
   a problem with ``"error": True`` means the file could not be graded at all. Hidden checks of such
   an exercise are called as ``check(None, text, path)``.
-* ``runs``: scenarios run in turn per world size, each with its own environment for the ranks and
-  ``max_restarts`` (lab 09 kills a rank and restarts the job, as torchrun would);
+* ``runs``: scenarios run in turn per world size, each with its own environment for the ranks,
+  ``max_restarts`` and ``fault`` (``{"attempt", "rank", "mark"}``: the supervisor SIGKILLs that rank
+  from outside once its marks file holds ``mark``; lab 09 kills a rank and restarts the job, as
+  torchrun would). Attempts and fired faults reach the checks as ``Run.attempts`` and ``Run.faults``,
+  counted by the supervisor;
 * ``setup``: ``"module:function"`` of a contract module, called in every rank before the submission
   is imported (where lab 09 arms a fault);
 * ``pg_timeout``: the default group's timeout (seconds) while the submission runs;
@@ -62,6 +65,9 @@ class Exercise:
     lab: str = ""
     shared: bool = False            # the ranks see one folder they can all write (/shared): file exercises only
     make_inputs: Callable[[int, int], list] | None = None   # (seed, world_size) -> per-rank inputs
+    # (seed, world_size, inputs) -> per-rank inputs of the attempts after a restart (lab 09: the
+    # batches before the last checkpoint are replaced, so that starting over gives a wrong answer)
+    restart_inputs: Callable[[int, int, list], list] | None = None
     hidden: list = field(default_factory=list)
     static_check: Callable[[str, Any], list] | None = None
     pg_timeout: float | None = None
@@ -85,6 +91,8 @@ class Run:
     traces: dict = field(default_factory=dict)           # rank -> [collective, ...] (self-reported)
     timeline: dict = field(default_factory=dict)         # rank -> the trace with its marks (trace.mark)
     exits: dict = field(default_factory=dict)            # rank -> exit code (observed)
+    attempts: int = 0                                    # attempts the supervisor started (observed)
+    faults: list = field(default_factory=list)           # [(attempt, rank, mark)] its kills that fired (observed)
     ended: dict = field(default_factory=dict)            # rank -> wall time it ended (observed)
     scenario: dict = field(default_factory=dict)
     elapsed: float = 0.0

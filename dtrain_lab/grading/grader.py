@@ -235,10 +235,13 @@ def _where(ro, lang: str) -> str:
     return tr("grade_where_unknown", lang, rank=ro.rank)
 
 
-def _make_run(ex: Exercise, n: int, scenario: dict) -> tuple[Run, list]:
+def _make_run(ex: Exercise, n: int, scenario: dict) -> tuple[Run, list, list | None]:
     seed = secrets.randbits(63)
     inputs = ex.make_inputs(seed, n) if ex.make_inputs is not None else [{} for _ in range(n)]
-    return Run(world_size=n, seed=seed, inputs=inputs, scenario=scenario), [channel.encode(i) for i in inputs]
+    later = None
+    if ex.restart_inputs is not None and scenario.get("max_restarts"):
+        later = [channel.encode(i) for i in ex.restart_inputs(seed, n, inputs)]
+    return Run(world_size=n, seed=seed, inputs=inputs, scenario=scenario), [channel.encode(i) for i in inputs], later
 
 
 def _grade_launched(ex: Exercise, path: Path, lang: str, sandboxed: bool) -> Verdict:
@@ -246,12 +249,13 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, sandboxed: bool) -> Ver
     title = ex.title[lang]
     elapsed, runs = 0.0, []
     for n, scenario in [(n, s) for n in ex.world_sizes for s in (ex.runs or ({},))]:
-        run, encoded = _make_run(ex, n, scenario)
+        run, encoded, later = _make_run(ex, n, scenario)
         res = runner.run(runner.JobSpec(
             exercise=ex.id, entry=ex.entry, submission=path, world_size=n, inputs=encoded, timeout=ex.timeout,
             startup_timeout=max(60.0, ex.timeout), env=dict(scenario.get("env", {})),
             max_restarts=scenario.get("max_restarts", 0), pg_timeout=ex.pg_timeout, setup=ex.setup, hide=ex.hide,
-            limits=runner.sandbox.Limits(memory_gb=ex.memory_limit_gb), sandboxed=sandboxed, lang=lang, shared=ex.shared))
+            limits=runner.sandbox.Limits(memory_gb=ex.memory_limit_gb), sandboxed=sandboxed, lang=lang, shared=ex.shared,
+            faults=[scenario["fault"]] if scenario.get("fault") else [], later_inputs=later))
         elapsed += res.elapsed
         runs.append({"world_size": n, "elapsed": round(res.elapsed, 3), "sandboxed": res.sandboxed, "mode": res.mode,
                      "job": Path(res.job_dir).name,
@@ -318,6 +322,7 @@ def _judge(ex: Exercise, run: Run, res, lang: str, title: str, scenario: dict) -
     run.timeline = {ro.rank: ro.trace for ro in res.ranks}
     run.traces = {ro.rank: trace.calls(ro.trace) for ro in res.ranks}
     run.exits = {ro.rank: ro.code for ro in res.ranks}
+    run.attempts, run.faults = res.attempts, list(res.faults)
     run.ended = {ro.rank: ro.ended for ro in res.ranks}
     run.elapsed = res.elapsed
     broken = [ro for ro in res.ranks if "start" not in ro.events and "bwrap:" in ro.stderr]

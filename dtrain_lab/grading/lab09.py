@@ -8,8 +8,14 @@
    killed and restarted by the grader ends with the same parameters as an uninterrupted run. Each
    rank's share of the data is **private to that rank** and drawn for every graded run from a seed no
    rank sees (:func:`make_inputs`), so the final parameters can only be right if the ranks really
-   trained together. The faults come from the grader: :meth:`Job.train_step` and the ``torch.save``
-   patched by :func:`arm_fault` (the exercise's ``setup``), never from the learner's code.
+   trained together. The faults come from the grader, from outside the rank: :meth:`Job.train_step`
+   and the ``torch.save`` patched by :func:`arm_fault` (the exercise's ``setup``) only say where the
+   fault belongs (:func:`fault_point`: a mark, then a wait), and the job's supervisor SIGKILLs the
+   rank when it sees the mark (:mod:`dtrain_lab.sandbox.supervisor`). The supervisor counts the
+   attempts. A rank that disarms the fault is never killed, and fails for that: the checks read which
+   faults fired and how many attempts ran from the supervisor, never from the rank. After the
+   restart, the batches before the last checkpoint are not the ones of the first attempt
+   (:func:`restart_inputs`): a job that starts over instead of resuming ends with wrong parameters.
 
 The checks, and the reference run they compare with, live outside the sandbox
 (``dtrain_lab.grading.checks.lab09``).
@@ -161,6 +167,36 @@ def atomic_cases(atomic_save) -> dict:
 STEPS, CKPT_EVERY, GLOBAL_BATCH, D_IN, D_OUT = 12, 4, 8, 6, 2
 LR, MOMENTUM, WEIGHT_DECAY, LR_STEP, LR_GAMMA = 0.05, 0.9, 1e-3, 5, 0.5
 KILL_STEP, KILL_RANK = 6, 1
+MARK_STEP, MARK_SAVE = "step", "save"     # the marks the supervisor's faults wait for
+FAULT_WAIT_S = 60.0
+
+
+def fault_point(mark: str) -> None:
+    """Where the grader's fault belongs: in a graded run, write ``mark`` to this rank's marks file and
+    wait for the job's supervisor, which SIGKILLs this process from outside when it sees the mark (a
+    rank killed by another process, as a failed node is; its namespace changes nothing). Outside the
+    grader (a learner's practice run under ``dtrain_lab.launch``, with no supervisor) the process
+    SIGKILLs itself, as before."""
+    io_dir = os.environ.get("DTRAIN_GRADE_IO")
+    marks = os.path.join(io_dir, "marks") if io_dir else None
+    if marks is None or not os.path.exists(marks):
+        os.kill(os.getpid(), signal.SIGKILL)
+        return
+    with open(marks, "a") as f:
+        f.write(mark + "\n")
+    import time
+
+    deadline = time.monotonic() + FAULT_WAIT_S
+    while time.monotonic() < deadline:     # the kill lands here; if it never does, the verdict says so
+        time.sleep(0.01)
+
+
+def restart_inputs(seed: int, world: int, inputs: list) -> list:
+    """The inputs of the attempts after a restart: the same batches from the last checkpoint before
+    either fault on (step ``CKPT_EVERY``), other batches before it. A job that resumes never reads
+    them; one that starts over trains on them and ends with other parameters."""
+    fresh = make_inputs(contract.rng(seed, "restart").getrandbits(63), world)
+    return [{"steps": f["steps"][:CKPT_EVERY] + i["steps"][CKPT_EVERY:]} for i, f in zip(inputs, fresh)]
 
 
 def make_inputs(seed: int, world: int) -> list[dict]:
@@ -244,7 +280,7 @@ class Job:
         ``optimizer.step()``, ``scheduler.step()``. Returns the rank's loss."""
         if (os.environ.get(FAULT_ENV) == "kill_rank1_step6" and self.attempt == 0 and step == KILL_STEP
                 and self.rank == KILL_RANK):
-            os.kill(os.getpid(), signal.SIGKILL)          # the grader's fault: this rank dies here
+            fault_point(MARK_STEP)          # the grader's fault: this rank is killed here
         x, y = batch(step)
         self.optimizer.zero_grad(set_to_none=True)
         loss = F.mse_loss(self.model(x), y)
@@ -263,8 +299,7 @@ def report(model) -> dict:
     DDP or not), the steps this attempt's :class:`Job` ran, and the attempt."""
     m = model.module if isinstance(getattr(model, "module", None), nn.Module) else model
     params = [p.detach().cpu().clone() for p in m.parameters()] if isinstance(m, nn.Module) else None
-    return {"params": params, "steps_run": list(_JOBS[-1].steps_run) if _JOBS else None,
-            "attempt": contract.attempt()}
+    return {"params": params, "steps_run": list(_JOBS[-1].steps_run) if _JOBS else None}
 
 
 def arm_fault(rt) -> None:
@@ -282,7 +317,7 @@ def arm_fault(rt) -> None:
         calls[0] += 1
         if calls[0] == 2:
             _write_half(obj, f)
-            os.kill(os.getpid(), signal.SIGKILL)
+            fault_point(MARK_SAVE)          # killed half-way through the write
         return _REAL_SAVE(obj, f, *a, **kw)
 
     torch.save = save

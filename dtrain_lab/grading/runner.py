@@ -44,7 +44,7 @@ from dtrain_lab.sandbox import bwrap as sandbox
 from dtrain_lab.sandbox import contain, enter, supervisors
 
 RANK_PREFIX = enter.RANK_NAME.split("{")[0]   # the rank processes' name (comm): harness-rank-N
-RW_FILES = ("result", "trace", "events", "error", "stack")
+RW_FILES = ("result", "trace", "events", "error", "stack", "marks")
 MAX_TRACE = 4 << 20
 MAX_EVENTS = 256 << 10
 MAX_ERROR = 64 << 10
@@ -68,6 +68,8 @@ class JobSpec:
     sandboxed: bool = True
     lang: str = "en"
     shared: bool = False             # mount the job's /shared in every rank (Exercise.shared)
+    faults: list = field(default_factory=list)   # [{"attempt", "rank", "mark"}]: the supervisor's kills
+    later_inputs: list | None = None  # per rank, encoded: the inputs of attempts after the first
 
 
 @dataclass
@@ -103,7 +105,8 @@ class JobResult:
     limit: float = 0.0
     elapsed: float = 0.0
     startup: float | None = None
-    attempts: int = 0
+    attempts: int = 0                     # counted by the supervisor, never by a rank
+    faults: list = field(default_factory=list)   # [(attempt, rank, mark)] the supervisor's kills that fired
     ranks: list = field(default_factory=list)
     sandboxed: bool = True
     mode: str = "none"                     # "bwrap" or "none"
@@ -152,11 +155,12 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
     for r in range(spec.world_size):
         rdir = job_dir / f"rank{r}"
         rdir.mkdir(mode=0o755)
-        (rdir / "inputs").write_bytes(spec.inputs[r])
-        (rdir / "inputs").chmod(0o644 if spec.sandboxed else 0o600)
         for a in range(spec.max_restarts + 1):
             adir = rdir / f"a{a}"
             adir.mkdir(mode=0o755)
+            later = a > 0 and spec.later_inputs is not None
+            (adir / "inputs").write_bytes(spec.later_inputs[r] if later else spec.inputs[r])
+            (adir / "inputs").chmod(0o644 if spec.sandboxed else 0o600)
             for name in RW_FILES:
                 _owned(adir / name, 0o600)
             if sandbox_root() and spec.sandboxed:
@@ -168,14 +172,14 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
                     "OMP_NUM_THREADS": "1", _procs.JOB_ENV: job_id, **spec.env}
         adir_t = str(rdir / "a{attempt}")
         rank = {"module": "dtrain_lab.grading.harness", "args": ["--rank", str(r)],
-                "stdout": f"{adir_t}/stdout.log", "stderr": f"{adir_t}/stderr.log"}
+                "stdout": f"{adir_t}/stdout.log", "stderr": f"{adir_t}/stderr.log", "marks": f"{adir_t}/marks"}
         if spec.sandboxed:
             env = {**base_env, "HOME": sandbox.HOME, "USER": "learner", "LOGNAME": "learner", "PATH": "/usr/bin:/bin",
                    "PYTHONPATH": str(sandbox.PACKAGE_DIR.parent), "TMPDIR": "/tmp",
                    "DTRAIN_GRADE_IO": f"{sandbox.IO}/out", "DTRAIN_GRADE_INPUTS": f"{sandbox.IO}/inputs",
                    "DTRAIN_GRADE_SPEC": f"{sandbox.IO}/spec.json", "DTRAIN_GRADE_SUBMISSION": f"{sandbox.IO}/submission.py",
                    **({"DTRAIN_GRADE_SHARED": sandbox.SHARED} if spec.shared else {})}
-            ro = {f"{sandbox.IO}/inputs": rdir / "inputs", f"{sandbox.IO}/spec.json": job_dir / "spec.json",
+            ro = {f"{sandbox.IO}/inputs": f"{adir_t}/inputs", f"{sandbox.IO}/spec.json": job_dir / "spec.json",
                   f"{sandbox.IO}/submission.py": job_dir / "submission.py", **hidden}
             rw = {f"{sandbox.IO}/out/{name}": f"{adir_t}/{name}" for name in RW_FILES}
             # the rank's sandbox around a placeholder, which the supervisor enters (sandbox/enter.py)
@@ -187,7 +191,7 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
             env.update({k: str(v) for k, v in base_env.items()})
             env.update({"PYTHONPATH": os.pathsep.join([str(sandbox.PACKAGE_DIR.parent)] +
                                                       [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]),
-                        "DTRAIN_GRADE_IO": adir_t, "DTRAIN_GRADE_INPUTS": str(rdir / "inputs"),
+                        "DTRAIN_GRADE_IO": adir_t, "DTRAIN_GRADE_INPUTS": f"{adir_t}/inputs",
                         "DTRAIN_GRADE_SPEC": str(job_dir / "spec.json"),
                         "DTRAIN_GRADE_SUBMISSION": str(job_dir / "submission.py"), "DTRAIN_GRADE_SHARED": str(shared)})
             rank["home"] = str(rdir)
@@ -197,6 +201,7 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
     return {"world": spec.world_size, "max_restarts": spec.max_restarts, "ranks": ranks, "mode": mode,
             "bwrap": sandbox.probe().bwrap if spec.sandboxed else None, "sys_path": list(supervisors.fresh_sys_path()),
             "limits": spec.limits.rlimits(), "status": str(job_dir / "status.jsonl"),
+            "faults": [{"attempt": int(f["attempt"]), "rank": int(f["rank"]), "mark": str(f["mark"])} for f in spec.faults],
             "port_base": 29500 if spec.sandboxed else 0}
 
 
@@ -368,6 +373,7 @@ def _read_back(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> No
     status = _status(job_dir)
     res.attempts = 1 + max([s["attempt"] for s in status if s.get("event") == "attempt"], default=0)
     last = res.attempts - 1
+    res.faults = [(s.get("attempt"), s.get("rank"), s.get("mark")) for s in status if s.get("event") == "fault"]
     exits = {s["rank"]: s for s in status if s.get("event") == "exit" and s.get("attempt") == last}
     killed = {s["rank"]: s for s in status if s.get("event") == "killed" and s.get("attempt") == last}
     res.start_error = res.start_error or next((s.get("error", "") for s in status if s.get("event") == "start_failed"), "")

@@ -9,6 +9,13 @@ the rank's resource limits and its stdout/stderr in the rank's log files, and re
 that fails ends the attempt (the others are killed) and, if restarts are left, every rank starts
 again with ``TORCHELASTIC_RESTART_COUNT`` one higher, on a fresh port.
 
+Faults come from here too (``plan["faults"]``: ``{"attempt", "rank", "mark"}``): when the rank's
+``marks`` file holds the line ``mark`` (the grader's code in the rank writes it, and then waits, at
+the moment the fault belongs to: a training step, half-way through a checkpoint write), this process
+SIGKILLs the rank from outside, and records it (``"event": "fault"``). The rank cannot stop that kill
+or make it count as another attempt: a rank that never writes the mark is never killed, and the
+verdict, which reads the faults and attempts from ``status.jsonl``, says that the fault never fired.
+
 It is a child subreaper (:mod:`dtrain_lab.sandbox.contain`): without a sandbox, whatever a rank
 starts stays in its tree, and is killed with the attempt. The grader never trusts what the ranks say
 about how they ended: exit codes and times come from here.
@@ -73,6 +80,28 @@ def _start(plan: dict, r: int, attempt: int, port: int, cap: int):
     return enter.start_plain(spec, env, plan["limits"], out, err)
 
 
+MARKS_CAP = 4096   # bytes of a rank's marks file read (the rank writes it: hostile input)
+
+
+def _marked(path: str, mark: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return mark.encode() in f.read(MARKS_CAP).split(b"\n")
+    except OSError:
+        return False
+
+
+def _fire(plan: dict, attempt: int, procs: dict, pending: list, status) -> None:
+    """Kill each rank whose fault of this attempt is due (its mark is there); drop the fired ones."""
+    for fault in list(pending):
+        r = fault["rank"]
+        path = plan["ranks"][r]["marks"].replace("{attempt}", str(attempt))
+        if procs[r].returncode is None and _marked(path, fault["mark"]):
+            procs[r].kill()
+            pending.remove(fault)
+            _status(status, event="fault", attempt=attempt, rank=r, mark=fault["mark"])
+
+
 def run(plan: dict) -> int:
     status = plan["status"]
     world = plan["world"]
@@ -93,7 +122,10 @@ def run(plan: dict) -> int:
             _status(status, event="started", attempt=attempt, rank=r)
         failed = False
         running = dict(procs)
+        pending = [f for f in plan.get("faults", ()) if f["attempt"] == attempt and f["rank"] in procs]
         while running:
+            if pending:
+                _fire(plan, attempt, procs, pending, status)
             for r, p in list(running.items()):
                 code = p.poll()
                 if code is None:

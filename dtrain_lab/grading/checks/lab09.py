@@ -156,7 +156,9 @@ def _check_resume(run, rank, result):
     steps_run = result.get("steps_run")
     if steps_run is None:
         return [problem("lab09_no_job")]
-    if fault and result.get("attempt") == 0:
+    # the supervisor's own record (a rank can neither forge nor disarm it): its kill fired, and the
+    # job was started again after it
+    if fault and (not run.faults or run.attempts < 2):
         return [problem("lab09_fault_never_fired")]
     if not isinstance(steps_run, list) or steps_run != list(range(steps_run[0] if steps_run else 0, contract.STEPS)):
         return [problem("lab09_steps_run", steps=short(steps_run, 120), last=contract.STEPS - 1)]
@@ -191,9 +193,11 @@ def _explain_resume(outcome: str, feedback: str, source: str) -> list:
 
 SCENARIOS = (
     {"name": rendered("lab09_scenario_kill_step", rank=contract.KILL_RANK, step=contract.KILL_STEP),
-     "env": {contract.FAULT_ENV: "kill_rank1_step6"}, "max_restarts": 1},
+     "env": {contract.FAULT_ENV: "kill_rank1_step6"}, "max_restarts": 1,
+     "fault": {"attempt": 0, "rank": contract.KILL_RANK, "mark": contract.MARK_STEP}},
     {"name": rendered("lab09_scenario_kill_save"),
-     "env": {contract.FAULT_ENV: "kill_rank0_in_save2"}, "max_restarts": 1},
+     "env": {contract.FAULT_ENV: "kill_rank0_in_save2"}, "max_restarts": 1,
+     "fault": {"attempt": 0, "rank": 0, "mark": contract.MARK_SAVE}},
 )
 
 EXERCISES = [
@@ -202,5 +206,5 @@ EXERCISES = [
     Exercise(id="lab09.resume", lab=LAB, shared=True, entry="run", filename="lab09_resume.py", timeout=60,
              title=rendered("lab09_title_resume"), checks=[_check_resume], world_sizes=(2,),
              consistent_collectives=False, runs=SCENARIOS, setup="dtrain_lab.grading.lab09:arm_fault",
-             explain=_explain_resume, make_inputs=contract.make_inputs),
+             explain=_explain_resume, make_inputs=contract.make_inputs, restart_inputs=contract.restart_inputs),
 ]
