@@ -35,6 +35,25 @@ BUCKETS = [[5, 4, 3], [2], [1, 0]]   # exercises 2 and 3 are handed these bucket
 DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
+def withhold_bucket_assignment(rt=None) -> None:
+    """Exercise 1's ``setup`` (in the rank, before the submission is imported): PyTorch's own bucket
+    assignment (``torch.distributed._compute_bucket_assignment_by_size``, which DDP calls to build its
+    first buckets) is the answer to this exercise, so in the grader it raises, in the learner's
+    language, instead; so does building a ``DistributedDataParallel``, which calls it. The course's
+    DDP is hidden for the same reason (``Exercise.hide``)."""
+    import torch._C._distributed_c10d as c10d
+    import torch.distributed as dist
+
+    from dtrain_lab.i18n import LabError
+
+    def withheld(*args, **kwargs):
+        raise LabError("lab02_torch_buckets_withheld")
+
+    for module in (dist, c10d):
+        if hasattr(module, "_compute_bucket_assignment_by_size"):
+            module._compute_bucket_assignment_by_size = withheld
+
+
 def lab_model():
     """``MLP(8, 16, 4, depth=2)``: six parameters of 512, 64, 1024, 64, 256 and 16 bytes."""
     from dtrain_lab.models import MLP

@@ -268,7 +268,7 @@ def _exercise(name, title, checks, **kw) -> Exercise:
 
 EXERCISES = [
     _exercise("buckets", rendered("lab02_title_buckets"), [_check_buckets],
-              world_sizes=(1,)),
+              world_sizes=(1,), setup="dtrain_lab.grading.lab02:withhold_bucket_assignment"),
     _exercise("sync", rendered("lab02_title_sync"), [_check_training],
               job_checks=[_one_allreduce_per_bucket], world_sizes=(2, 3),
               pattern_checks=[patterns.only(("all_reduce",), "pattern_ddp_allreduce")]),
