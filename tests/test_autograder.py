@@ -70,6 +70,7 @@ def built(tmp_path_factory):
     if LAB11:
         zips["roce"] = autograder.build("11", tmp / "roce.zip", exercises=["lab11.roce"], lang="en", wheel=wheel)
     site = Path(tempfile.mkdtemp(prefix="dtrain-ag-site-", dir="/var/tmp"))
+    site.chmod(0o755)   # as /opt/dtrain-lab in Gradescope: unsandboxed ranks run as a uid of their own
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
                     str(wheel)], check=True, timeout=300)
     yield {**zips, "site": site}
@@ -134,12 +135,12 @@ def by_exercise(doc):
     return {t["extra_data"]["exercise"]: t for t in doc["tests"]}
 
 
-def lab10_notebook() -> bytes:
+def lab10_notebook(prefix: str = "") -> bytes:
     """One exercise solved (one launch on 2 ranks), one still the learner's stub (nothing launched);
-    saved by an editor that writes a byte-order mark."""
+    saved by an editor that writes a byte-order mark. ``prefix``: code the solved file starts with."""
     from lab10_cases import PROGRAMS
 
-    return BOM + notebook(["%%writefile lab10_send_send.py\n" + PROGRAMS["send_send"]["solution"],
+    return BOM + notebook(["%%writefile lab10_send_send.py\n" + prefix + PROGRAMS["send_send"]["solution"],
                            "%%writefile lab10_rank_branch.py\n" + PROGRAMS["rank_branch"]["learner"]]).encode()
 
 
@@ -182,9 +183,50 @@ def test_without_a_sandbox_code_is_not_run_unless_the_instructor_allowed_it(buil
     assert doc["extra_data"]["sandbox"]["mode"] == "refused" and doc["score"] == 0
     assert "cannot run the grader's sandbox" in doc["output"]
     assert by_exercise(doc)["lab10.send_send"]["status"] == "failed"
-    doc, _ = run_autograder(built, tmp_path / "open", "open", {"lab.ipynb": lab10_notebook()}, env=path)
-    assert doc["extra_data"]["sandbox"]["mode"] == "unsandboxed"
-    assert "not protected" in doc["output"] and doc["score"] == 1.0
+    env, expect = open_python(built)
+    doc, _ = run_autograder(built, tmp_path / "open", "open", {"lab.ipynb": lab10_notebook(ATTACK)},
+                            env={**path, **env})
+    if expect is None:
+        assert doc["extra_data"]["sandbox"]["mode"] == "unsandboxed"
+        # graded as its own uid: the attack could neither write the results nor stop the grader
+        assert "not protected" in doc["output"] and doc["score"] == 1.0, json.dumps(doc["tests"])[:3000]
+        assert by_exercise(doc)["lab10.send_send"]["status"] == "passed"
+    else:   # not root, or the course's Python not readable by other users: refused, saying why
+        assert doc["extra_data"]["sandbox"]["mode"] == "refused" and doc["score"] == 0
+        assert expect in doc["extra_data"]["sandbox"]["reason"], doc["extra_data"]["sandbox"]
+
+
+# run at import, in every rank: forge a full-marks results.json and kill every process up to init
+ATTACK = """
+import json as _json, os as _os, signal as _signal
+_root = _os.environ.get("AUTOGRADER_ROOT", "/autograder")
+for _p in (_root + "/results/results.json", _root + "/results/../results/results.json"):
+    try:
+        with open(_p, "w") as _f:
+            _json.dump({"score": 99, "output": "forged", "extra_data": {"sandbox": {"mode": "namespaces"}}}, _f)
+    except OSError:
+        pass
+_pid = _os.getppid()
+while _pid > 1:
+    try:
+        _next = int(open(f"/proc/{_pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        _os.kill(_pid, _signal.SIGKILL)
+    except (OSError, ValueError):
+        break
+    _pid = _next
+"""
+
+
+def open_python(built) -> tuple[dict, str | None]:
+    """How to run the unsandboxed autograder here, and what it must answer: ``(env, None)`` where a
+    rank running as another uid can read the course's Python (it is graded, as in Gradescope, whose
+    setup.sh makes /opt/dtrain-lab readable by all), else ``(env, words of the refusal)`` (this
+    Python lives where other users cannot read, e.g. pyenv under a 0700 /root)."""
+    from dtrain_lab.grading import runner
+
+    if os.geteuid() != 0:
+        return {}, "grader's own user"
+    return {}, (None if runner.unreachable_as(runner.fresh_uid()) is None else "cannot read")
 
 
 @pytest.mark.timeout(300)

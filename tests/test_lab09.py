@@ -173,7 +173,7 @@ def test_the_kill_comes_from_outside_and_lands_inside_the_write(monkeypatch):
             ckpt = jobs[1] / "shared" / "checkpoints"
             whole, torn = (ckpt / "step_000004.pt").stat().st_size, (ckpt / "step_000008.pt").stat().st_size
             assert 0.4 * whole < torn < 0.6 * whole, (torn, whole)    # half of step 8's bytes
-            with pytest.raises(Exception):
+            with pytest.raises((RuntimeError, OSError, EOFError)):  # a torn zip: torch 2.13 raises OSError
                 torch.load(ckpt / "step_000008.pt", weights_only=True)
     finally:
         for job in jobs:

@@ -228,7 +228,7 @@ def run(root: str | os.PathLike) -> int:
         _load_hidden_checks(root / "source" / "hidden", config.get("hidden_checks", []))
         import dtrain_lab
 
-        mode, how = sandbox_mode(config.get("allow_unsandboxed", False))
+        mode, how = sandbox_mode(config.get("allow_unsandboxed", False), lang)
         extra = {"lab": config["lab"], "package": str(Path(dtrain_lab.__file__).parent),
                  "version": dtrain_lab.__version__, "sandbox": mode}
         notes = [tr(MODE_NOTE[mode["mode"]], lang, reason=mode["reason"])] if mode["mode"] in MODE_NOTE else []
@@ -251,20 +251,35 @@ def run(root: str | os.PathLike) -> int:
     return 0
 
 
-def sandbox_mode(allow_unsandboxed: bool = False) -> tuple[dict, dict]:
+def sandbox_mode(allow_unsandboxed: bool = False, lang: str | None = None) -> tuple[dict, dict]:
     """How submissions are isolated in this container, and the ``grade()`` keywords for it:
 
     * ``namespaces``: the grader's bubblewrap sandbox works here (proven by starting one);
     * ``unsandboxed``: it does not (Docker's default seccomp profile forbids namespaces), and the zip
-      was built with ``--allow-unsandboxed``: the code runs without isolation and every
-      results.json says so;
-    * ``refused``: it does not: launched exercises are not run (an ``error`` row says why);
-      ``.env`` exercises, which are only read, are graded."""
+      was built with ``--allow-unsandboxed``: the code runs without namespaces, and every
+      results.json says so. It still never runs as root: every job's ranks run as a uid of their own
+      (:func:`dtrain_lab.grading.runner.run_unsandboxed_as_others`), which can neither signal this
+      grader nor write its results folder (root's alone), and results.json is written by this
+      process after every process of the submission is gone;
+    * ``refused``: it does not, and the zip does not allow that, or the submission could not be kept
+      from the grader's uid (this grader is not root, or what the ranks import is not readable by
+      other users): launched exercises are not run (an ``error`` row says why); ``.env`` exercises,
+      which are only read, are graded."""
     probe = caps.sandbox_probe()
     if probe.ok:
         return {"mode": "namespaces", "reason": ""}, {}
     if allow_unsandboxed:
-        return {"mode": "unsandboxed", "reason": probe.reason}, {"sandbox": False}
+        from dtrain_lab.grading import runner
+
+        if os.geteuid() != 0:
+            why = tr("ag_unsandboxed_needs_root", lang, uid=os.geteuid())
+        else:
+            bad = runner.unreachable_as(runner.fresh_uid())
+            why = tr("ag_unsandboxed_unreadable", lang, path=bad) if bad else ""
+        if not why:
+            runner.run_unsandboxed_as_others()
+            return {"mode": "unsandboxed", "reason": probe.reason}, {"sandbox": False}
+        return {"mode": "refused", "reason": f"{probe.reason}; {why}"}, {}
     return {"mode": "refused", "reason": probe.reason}, {}
 
 

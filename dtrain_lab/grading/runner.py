@@ -122,12 +122,63 @@ def _job_root() -> Path:
     return prune_old(root)
 
 
-def _owned(path: Path, mode: int) -> None:
-    """A file the sandbox user may write: owned by it when the grader is root."""
+def _owned(path: Path, mode: int, uid: int | None = None) -> None:
+    """A file the rank may write: owned by it when the grader is root (the sandbox user, or the uid
+    unsandboxed ranks run as)."""
     path.touch()
     path.chmod(mode)
     if sandbox_root():
-        os.chown(path, sandbox.SANDBOX_UID, sandbox.SANDBOX_UID)
+        owner = sandbox.SANDBOX_UID if uid is None else uid
+        os.chown(path, owner, owner)
+
+
+# ------------------------------------------------------------------ unsandboxed ranks, never as root
+_RUN_AS = [False]
+
+
+def run_unsandboxed_as_others(on: bool = True) -> None:
+    """From now on, in this process, unsandboxed ranks of a root grader run as a uid of their own,
+    fresh for every job, that no account uses (the Gradescope autograder built with
+    ``--allow-unsandboxed``): they cannot signal the grader, write its results or read its files,
+    and no two jobs share a process count or a keyring."""
+    _RUN_AS[0] = bool(on)
+
+
+def fresh_uid() -> int:
+    """A uid no account has (above every uid a system allocates, below 2**31)."""
+    import secrets
+
+    return 0x40000000 + secrets.randbelow(0x3FFF0000)
+
+
+def unreachable_as(uid: int) -> str | None:
+    """What a rank running as ``uid`` could not read among what it imports (this Python's library, the
+    course, the installed packages); None if it can read all of it. Checked in a forked child that
+    takes that uid, as the rank will."""
+    import sysconfig
+
+    import torch
+
+    paths = [sandbox.PACKAGE_DIR, Path(torch.__file__).parent]
+    paths += [Path(p) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}]
+    paths = [p for p in paths if p.exists()]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # pragma: no cover - the child
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            bad = next((str(p) for p in paths if not os.access(p, os.R_OK | os.X_OK)), "")
+            os.write(w, bad.encode()[:2000])
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        bad = f.read().decode(errors="replace")
+    os.waitpid(pid, 0)
+    return bad or None
 
 
 def sandbox_root() -> bool:
@@ -151,6 +202,12 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
         if target is not None:
             hidden[str(target)] = stub_module(job_dir / "hide", module)
     job_id = job_dir.name
+    # unsandboxed ranks of a root grader that runs them as others: one fresh uid for this job
+    uid = fresh_uid() if _RUN_AS[0] and not spec.sandboxed and sandbox_root() else None
+    if uid is not None:
+        job_dir.parent.chmod(0o711)   # the rank may pass through the grader's folders, not list them
+        job_dir.chmod(0o711)
+        shared.chmod(0o1777)
     ranks = []
     for r in range(spec.world_size):
         rdir = job_dir / f"rank{r}"
@@ -162,9 +219,15 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
             (adir / "inputs").write_bytes(spec.later_inputs[r] if later else spec.inputs[r])
             (adir / "inputs").chmod(0o644 if spec.sandboxed else 0o600)
             for name in RW_FILES:
-                _owned(adir / name, 0o600)
+                _owned(adir / name, 0o600, uid)
             if sandbox_root() and spec.sandboxed:
                 os.chown(adir, sandbox.SANDBOX_UID, sandbox.SANDBOX_UID)
+            if uid is not None:
+                os.chown(adir / "inputs", uid, uid)
+                os.chown(adir, uid, uid)
+        if uid is not None:
+            os.chown(rdir, uid, uid)
+            rdir.chmod(0o700)
         base_env = {"RANK": r, "WORLD_SIZE": spec.world_size, "LOCAL_RANK": r, "LOCAL_WORLD_SIZE": spec.world_size,
                     "GROUP_RANK": 0, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{port}",
                     "TORCHELASTIC_RESTART_COUNT": "{attempt}", "DTRAIN_BACKEND": "gloo", "GLOO_SOCKET_IFNAME": "lo",
@@ -195,6 +258,9 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
                         "DTRAIN_GRADE_SPEC": str(job_dir / "spec.json"),
                         "DTRAIN_GRADE_SUBMISSION": str(job_dir / "submission.py"), "DTRAIN_GRADE_SHARED": str(shared)})
             rank["home"] = str(rdir)
+            if uid is not None:
+                rank["uid"] = uid
+                env.update({"HOME": str(rdir), "TMPDIR": str(shared), "USER": "learner", "LOGNAME": "learner"})
         rank["env"] = {k: str(v) for k, v in env.items()}
         ranks.append(rank)
     mode = "bwrap" if spec.sandboxed else "none"

@@ -241,7 +241,16 @@ def _run_rank(rank: dict, env: dict, limits: dict, out: int, err: int) -> None:
     """In the rank (step 3). Never returns."""
     null = os.open("/dev/null", os.O_RDONLY)
     child.reset(stdio=(null, out, err), env=env, limits=limits, new_session=True)
-    child.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)   # the rank dies with whoever started it
+    if rank.get("uid") is not None:   # unsandboxed, for a root grader: never as root (runner.run_unsandboxed_as_others)
+        uid = int(rank["uid"])
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+        except OSError:
+            os._exit(126)
+        child.prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    child.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)   # the rank dies with whoever started it (after setuid, which clears it)
     child.prctl(_PR_SET_DUMPABLE, 1)   # as a fresh process: credential changes cleared it
     child.set_name(RANK_NAME.format(rank=rank["rank"]))
     sys.dont_write_bytecode = True

@@ -71,7 +71,7 @@ def _start(plan: dict, r: int, attempt: int, port: int, cap: int):
         return text.replace("{attempt}", str(attempt)).replace("{port}", str(port))
 
     spec = {"rank": r, "home": rank["home"], "module": rank["module"], "args": [fill(a) for a in rank["args"]],
-            "sys_path": plan["sys_path"]}
+            "sys_path": plan["sys_path"], "uid": rank.get("uid")}
     env = {k: fill(v) for k, v in rank["env"].items()}
     out, err = fill(rank["stdout"]), fill(rank["stderr"])
     if plan["mode"] == "bwrap":
