@@ -83,6 +83,12 @@ def _sandbox() -> bool:
     return bwrap.probe().ok
 
 
+def _cgroup() -> bool:
+    from dtrain_lab.sandbox import cgroup
+
+    return not cgroup.why_not()
+
+
 def _cjk_font() -> bool:
     from dtrain_lab import fonts
 
@@ -95,6 +101,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("cpu_bf16", "this CPU's oneDNN has native bf16 kernels", _cpu_bf16, True),
     Probe("compiler", "g++ and ninja are on PATH (DeepSpeed's JIT-compiled ops)", _compiler, False),
     Probe("sandbox", "the grader's bubblewrap sandbox can be built here", _sandbox, False),
+    Probe("cgroup", "the grader can give each graded job a cgroup of its own (cpu, memory, pids)", _cgroup, False),
     Probe("cjk_font", "a font with Chinese glyphs is registered with matplotlib", _cjk_font, False),
 )}
 

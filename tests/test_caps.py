@@ -56,7 +56,7 @@ def _is_dist_build_check(path, line) -> bool:
 
 
 def test_every_probe_is_listed_and_forceable(monkeypatch):
-    assert set(caps.PROBES) == {"cuda", "cpu_fp16", "cpu_bf16", "compiler", "sandbox", "cjk_font"}
+    assert set(caps.PROBES) == {"cuda", "cpu_fp16", "cpu_bf16", "compiler", "sandbox", "cgroup", "cjk_font"}
     for name, probe in caps.PROBES.items():
         real = caps.real(name)
         monkeypatch.setenv(caps.ENV, f"{name}=0")

@@ -18,7 +18,7 @@ from dtrain_lab.bench.rows import compression, launch_output, launch_overhead, p
 from dtrain_lab.bench.table import table
 from dtrain_lab.i18n import tr
 
-ROWS = ("launch", "output", "collectives", "ddp", "compression", "zero", "pipeline", "plan", "restarts")
+ROWS = ("launch", "output", "collectives", "ddp", "compression", "zero", "pipeline", "plan", "restarts", "fairness")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(plan_memory_row())
     if want("restarts"):
         rows.append(restart_reliability(trials=3 if args.quick else 10))
+    if want("fairness"):
+        from dtrain_lab.bench.fairness import fairness_row
+
+        rows.append(fairness_row(repeats=1 if args.quick else 3))
     import torch
 
     meta = {"python": platform.python_version(), "platform": platform.platform(), "cpus": caps.cores(),

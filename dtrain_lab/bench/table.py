@@ -48,6 +48,11 @@ def table(rows: list[dict]) -> str:
         elif name == "launch_output":
             out.append(tr("bench_launch_output", ratio=_x(row["ratio"]), ours=f"{row['dtrain_launch_s']:.2f}",
                           bare=f"{row['bare_torchrun_s']:.2f}", mb=f"{row['megabytes']:.0f}", repeats=row["repeats"]))
+        elif name == "fairness":
+            key = "bench_fairness" if row["cgroup"] else "bench_fairness_no_cgroup"
+            out.append(tr(key, ratio=_x(row["ratio"]), hostile=f"{row['next_to_hostile_s']:.1f}",
+                          honest=f"{row['next_to_honest_s']:.1f}", verdicts=", ".join(row["verdicts_next_to_hostile"]),
+                          why=row["why_no_cgroup"], repeats=row["repeats"]))
         elif name == "ring_vs_all_reduce":
             out.append(tr("bench_ring_head", nproc=row["nproc"], backend=row["backend"], repeats=row["repeats"]))
             for p in row["per_size"]:

@@ -41,7 +41,7 @@ from dtrain_lab.jobs import _procs
 from dtrain_lab.jobs.diagnose import WaitSite, wait_site
 from dtrain_lab.jobs.options import prune_old
 from dtrain_lab.sandbox import bwrap as sandbox
-from dtrain_lab.sandbox import contain, enter, supervisors
+from dtrain_lab.sandbox import cgroup, contain, enter, supervisors
 
 RANK_PREFIX = enter.RANK_NAME.split("{")[0]   # the rank processes' name (comm): harness-rank-N
 RW_FILES = ("result", "trace", "events", "error", "stack", "marks")
@@ -113,6 +113,8 @@ class JobResult:
     to_first_start: float | None = None   # seconds from launch until the first rank's harness ran
     start_error: str = ""                 # the grader's machine could not start the job (not the submission's doing)
     job_dir: str = ""
+    cgroup: bool = False                  # the job ran in a cgroup of its own (sandbox.cgroup)
+    memory_peak: int | None = None        # the job's peak memory, bytes, read from its cgroup (from outside)
 
 
 def _job_root() -> Path:
@@ -120,6 +122,11 @@ def _job_root() -> Path:
     root = Path(os.environ.get("DTRAIN_RUN_DIR") or tempfile.gettempdir()) / f"dtrain_grade-{os.getuid()}"
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     return prune_old(root)
+
+
+def job_memory(spec: JobSpec) -> int:
+    """The memory limit of a job's cgroup: every rank's address-space limit, and 1 GiB for its supervisor."""
+    return int(spec.limits.memory_gb * (1 << 30)) * spec.world_size + (1 << 30)
 
 
 def _owned(path: Path, mode: int, uid: int | None = None) -> None:
@@ -357,17 +364,34 @@ def run(spec: JobSpec) -> JobResult:
     job_dir = _job_root() / f"{spec.exercise.replace('.', '_')}_{uuid.uuid4().hex[:10]}"
     job_dir.mkdir(mode=0o700)
     plan = _prepare(spec, job_dir)
+    # one cgroup per job where the machine gives us one: CPU shared per job, not per process; the
+    # job's memory and process count limited as a whole; its memory peak measured from outside
+    from dtrain_lab import caps
+
+    group = None
+    if caps.have("cgroup"):
+        cgroup.sweep()   # the empty groups a grader that was killed left behind
+        group = cgroup.create(job_dir.name, memory_bytes=job_memory(spec), pids_max=spec.limits.nproc)
+    if group is not None:
+        plan["hold"] = str(job_dir / "in_cgroup")
     (job_dir / "plan.json").write_text(json.dumps(plan))
-    res = JobResult(world_size=spec.world_size, sandboxed=spec.sandboxed, job_dir=str(job_dir), mode=plan["mode"])
+    res = JobResult(world_size=spec.world_size, sandboxed=spec.sandboxed, job_dir=str(job_dir), mode=plan["mode"],
+                    cgroup=group is not None)
     t0, wall0 = time.monotonic(), time.time()
     outer = sandbox.outer_argv(job_dir, spec.limits, _PLACEHOLDER) if spec.sandboxed else None
     try:
         proc = supervisors.start(str(job_dir / "plan.json"), str(job_dir / "supervisor.log"), outer, plan["bwrap"])
     except supervisors.StartError as exc:
+        if group is not None:
+            group.remove()
         res.start_error = str(exc)[:2000]
         res.elapsed = time.monotonic() - t0
         _collect(spec, job_dir, res, wall0)
         return res
+    if group is not None:   # the supervisor waits for this before it starts any rank
+        for pid in [proc.pid, *contain.descendants(proc.pid)]:
+            group.add(pid)
+        (job_dir / "in_cgroup").touch()
     ready_at, attempt, t_attempt = None, 0, t0
     try:
         if not supervisors.started(proc, job_dir / "status.jsonl"):   # it ended before starting anything
@@ -393,6 +417,9 @@ def run(spec: JobSpec) -> JobResult:
     finally:
         contain.kill_tree(proc.pid)   # the supervisor is a subreaper: its tree is the whole job
         proc.kill()
+        if group is not None:
+            res.memory_peak = group.memory_peak()
+            group.remove()            # and whatever of the job is still in its group
     res.elapsed = time.monotonic() - t0
     _collect(spec, job_dir, res, wall0)
     return res
