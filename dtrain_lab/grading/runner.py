@@ -324,18 +324,35 @@ def _events(path: Path) -> dict:
     return out
 
 
+_STATUS_FIELDS = {
+    "event": lambda v: isinstance(v, str) and len(v) <= 32,
+    "attempt": lambda v: type(v) is int and 0 <= v <= 1000,
+    "rank": lambda v: type(v) is int and 0 <= v < (1 << 20),
+    "code": lambda v: type(v) is int,
+    "t": lambda v: number(v) is not None,
+    "ok": lambda v: type(v) is bool,
+    "error": lambda v: isinstance(v, str),
+    "mark": lambda v: isinstance(v, str) and len(v) <= 64,
+    "port": lambda v: type(v) is int,
+}
+
+
 def _status(job_dir: Path) -> list[dict]:
+    """The supervisor's records (it alone writes them), each an object with an ``event``; a field of
+    the wrong type is dropped, as everywhere the grader reads a file back."""
     items = []
     for line in channel.read_text(str(job_dir / "status.jsonl"), 1 << 20).splitlines():
         try:
-            items.append(json.loads(line))
+            item = json.loads(line)
         except ValueError:
             continue
+        if isinstance(item, dict) and _STATUS_FIELDS["event"](item.get("event")):
+            items.append({k: v for k, v in item.items() if k in _STATUS_FIELDS and _STATUS_FIELDS[k](v)})
     return items
 
 
 def _current_attempt(job_dir: Path) -> int:
-    return max([s["attempt"] for s in _status(job_dir) if s.get("event") == "attempt"], default=0)
+    return max([s["attempt"] for s in _status(job_dir) if s["event"] == "attempt" and "attempt" in s], default=0)
 
 
 def _rank_processes(root: psutil.Process) -> dict[int, psutil.Process]:
@@ -464,11 +481,12 @@ def _collect(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> None
 
 def _read_back(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> None:
     status = _status(job_dir)
-    res.attempts = 1 + max([s["attempt"] for s in status if s.get("event") == "attempt"], default=0)
+    res.attempts = 1 + max([s["attempt"] for s in status if s["event"] == "attempt" and "attempt" in s], default=0)
     last = res.attempts - 1
-    res.faults = [(s.get("attempt"), s.get("rank"), s.get("mark")) for s in status if s.get("event") == "fault"]
-    exits = {s["rank"]: s for s in status if s.get("event") == "exit" and s.get("attempt") == last}
-    killed = {s["rank"]: s for s in status if s.get("event") == "killed" and s.get("attempt") == last}
+    res.faults = [(s.get("attempt"), s.get("rank"), s.get("mark")) for s in status
+                  if s["event"] == "fault" and {"attempt", "rank", "mark"} <= set(s)]
+    exits = {s["rank"]: s for s in status if s["event"] == "exit" and s.get("attempt") == last and "rank" in s}
+    killed = {s["rank"]: s for s in status if s["event"] == "killed" and s.get("attempt") == last and "rank" in s}
     res.start_error = res.start_error or next((s.get("error", "") for s in status if s.get("event") == "start_failed"), "")
     res.ok = not res.hung and any(s.get("event") == "end" and s.get("ok") for s in status)
     lim = spec.limits.log_bytes
