@@ -15,6 +15,7 @@ CASES = {
     "lab10_hier_flat_gather.py": ("lab10.hierarchical", ["all_gather", "inside its node"]),
     "lab02_sync_decoys.py": ("lab02.sync", ["all_gather", "one all-reduce"]),
     "lab10_barrier_dir_fd.py": ("lab10.barrier_rank0", ["bet on timing"]),
+    "lab08_broadcast_whole_model.py": ("lab08.run_1f1b", ["broadcast", "is not a pipeline"]),
     # PyTorch's own bucket assignment is withheld in the rank: calling it is a crash that says why
     "lab02_buckets_torch.py": ("lab02.buckets", ["_compute_bucket_assignment_by_size", "build the buckets yourself"]),
 }
