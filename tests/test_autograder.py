@@ -222,11 +222,11 @@ def open_python(built) -> tuple[dict, str | None]:
     rank running as another uid can read the course's Python (it is graded, as in Gradescope, whose
     setup.sh makes /opt/dtrain-lab readable by all), else ``(env, words of the refusal)`` (this
     Python lives where other users cannot read, e.g. pyenv under a 0700 /root)."""
-    from dtrain_lab.grading import runner
+    from dtrain_lab.sandbox import runas
 
     if os.geteuid() != 0:
         return {}, "grader's own user"
-    return {}, (None if runner.unreachable_as(runner.fresh_uid()) is None else "cannot read")
+    return {}, (None if runas.unreachable_as(runas.fresh_uid()) is None else "cannot read")
 
 
 @pytest.mark.timeout(300)

@@ -36,7 +36,7 @@ def test_a_job_group_limits_and_measures_from_outside_and_leaves_nothing():
     group = cgroup.create("test-" + new_tag()[:8], memory_bytes=1 << 30, pids_max=64)
     assert group is not None
     code = ("import os, time\nb = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
-            "print(os.fork(), flush=True)\ntime.sleep(60)\n")
+            "pid = os.fork()\nif pid:\n    print(pid, flush=True)\ntime.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdin.readline(); exec(sys.argv[1])", code],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

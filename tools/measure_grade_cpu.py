@@ -28,7 +28,8 @@ import json, sys
 from dtrain_lab.grading import grade_notebook
 vs = grade_notebook(sys.argv[1], lang="en", sandbox=sys.argv[2] == "1")
 vs = vs if isinstance(vs, list) else list(vs.values()) if isinstance(vs, dict) else [vs]
-print(json.dumps([[getattr(v, "exercise", "?"), getattr(v, "outcome", "?")] for v in vs]))
+print(json.dumps([[getattr(v, "exercise", "?"), getattr(v, "outcome", "?"), round(getattr(v, "elapsed", 0) or 0, 2)]
+                  for v in vs]))
 """
 
 

@@ -25,7 +25,8 @@ ALL="sandbox-off root-bundled user-system user-bundled exec-start caps-flipped"
 LEGS=${*:-$ALL}
 SANITIZE=(--nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600)
 CONTRACT=(tests/test_sandbox.py tests/test_attacks.py tests/test_redteam.py tests/test_grading.py
-          tests/test_lab09.py tests/test_lab10_a.py tests/test_lab10_b.py)
+          tests/test_lab09.py tests/test_lab10_a.py tests/test_lab10_b.py tests/test_shortcuts.py
+          tests/test_fairness.py)
 LAUNCH=(tests/test_launch.py tests/test_elastic.py tests/test_multinode.py tests/test_monitor.py
 )
 SOLUTIONS=(solutions/en/lab_09_recovery.ipynb solutions/zh/lab_09_recovery.ipynb

@@ -59,7 +59,8 @@ def fairness_row(repeats: int = 1) -> dict:
     honest, hostile, verdicts = [], [], []
     for _ in range(repeats):
         a = pair(solution())
-        b = pair(HOSTILE.read_text(encoding="utf-8"))
+        # the neighbour keeps it up for 30 s here: longer than the classmate's grade can take
+        b = pair(HOSTILE.read_text(encoding="utf-8").replace("HOLD_S = 5.0", "HOLD_S = 30.0"))
         honest.append(a["alice"][1])
         hostile.append(b["alice"][1])
         verdicts.append(b["alice"][0])

@@ -258,7 +258,7 @@ def sandbox_mode(allow_unsandboxed: bool = False, lang: str | None = None) -> tu
     * ``unsandboxed``: it does not (Docker's default seccomp profile forbids namespaces), and the zip
       was built with ``--allow-unsandboxed``: the code runs without namespaces, and every
       results.json says so. It still never runs as root: every job's ranks run as a uid of their own
-      (:func:`dtrain_lab.grading.runner.run_unsandboxed_as_others`), which can neither signal this
+      (:mod:`dtrain_lab.sandbox.runas`), which can neither signal this
       grader nor write its results folder (root's alone), and results.json is written by this
       process after every process of the submission is gone;
     * ``refused``: it does not, and the zip does not allow that, or the submission could not be kept
@@ -269,15 +269,15 @@ def sandbox_mode(allow_unsandboxed: bool = False, lang: str | None = None) -> tu
     if probe.ok:
         return {"mode": "namespaces", "reason": ""}, {}
     if allow_unsandboxed:
-        from dtrain_lab.grading import runner
+        from dtrain_lab.sandbox import runas
 
         if os.geteuid() != 0:
             why = tr("ag_unsandboxed_needs_root", lang, uid=os.geteuid())
         else:
-            bad = runner.unreachable_as(runner.fresh_uid())
+            bad = runas.unreachable_as(runas.fresh_uid())
             why = tr("ag_unsandboxed_unreadable", lang, path=bad) if bad else ""
         if not why:
-            runner.run_unsandboxed_as_others()
+            runas.run_unsandboxed_as_others()
             return {"mode": "unsandboxed", "reason": probe.reason}, {"sandbox": False}
         return {"mode": "refused", "reason": f"{probe.reason}; {why}"}, {}
     return {"mode": "refused", "reason": probe.reason}, {}

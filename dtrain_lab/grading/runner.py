@@ -41,7 +41,7 @@ from dtrain_lab.jobs import _procs
 from dtrain_lab.jobs.diagnose import WaitSite, wait_site
 from dtrain_lab.jobs.options import prune_old
 from dtrain_lab.sandbox import bwrap as sandbox
-from dtrain_lab.sandbox import cgroup, contain, enter, supervisors
+from dtrain_lab.sandbox import cgroup, contain, enter, runas, supervisors
 
 RANK_PREFIX = enter.RANK_NAME.split("{")[0]   # the rank processes' name (comm): harness-rank-N
 RW_FILES = ("result", "trace", "events", "error", "stack", "marks")
@@ -139,55 +139,6 @@ def _owned(path: Path, mode: int, uid: int | None = None) -> None:
         os.chown(path, owner, owner)
 
 
-# ------------------------------------------------------------------ unsandboxed ranks, never as root
-_RUN_AS = [False]
-
-
-def run_unsandboxed_as_others(on: bool = True) -> None:
-    """From now on, in this process, unsandboxed ranks of a root grader run as a uid of their own,
-    fresh for every job, that no account uses (the Gradescope autograder built with
-    ``--allow-unsandboxed``): they cannot signal the grader, write its results or read its files,
-    and no two jobs share a process count or a keyring."""
-    _RUN_AS[0] = bool(on)
-
-
-def fresh_uid() -> int:
-    """A uid no account has (above every uid a system allocates, below 2**31)."""
-    import secrets
-
-    return 0x40000000 + secrets.randbelow(0x3FFF0000)
-
-
-def unreachable_as(uid: int) -> str | None:
-    """What a rank running as ``uid`` could not read among what it imports (this Python's library, the
-    course, the installed packages); None if it can read all of it. Checked in a forked child that
-    takes that uid, as the rank will."""
-    import sysconfig
-
-    import torch
-
-    paths = [sandbox.PACKAGE_DIR, Path(torch.__file__).parent]
-    paths += [Path(p) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}]
-    paths = [p for p in paths if p.exists()]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:   # pragma: no cover - the child
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            bad = next((str(p) for p in paths if not os.access(p, os.R_OK | os.X_OK)), "")
-            os.write(w, bad.encode()[:2000])
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        bad = f.read().decode(errors="replace")
-    os.waitpid(pid, 0)
-    return bad or None
-
-
 def sandbox_root() -> bool:
     return os.geteuid() == 0
 
@@ -210,7 +161,7 @@ def _prepare(spec: JobSpec, job_dir: Path) -> dict:
             hidden[str(target)] = stub_module(job_dir / "hide", module)
     job_id = job_dir.name
     # unsandboxed ranks of a root grader that runs them as others: one fresh uid for this job
-    uid = fresh_uid() if _RUN_AS[0] and not spec.sandboxed and sandbox_root() else None
+    uid = runas.fresh_uid() if runas.enabled() and not spec.sandboxed and sandbox_root() else None
     if uid is not None:
         job_dir.parent.chmod(0o711)   # the rank may pass through the grader's folders, not list them
         job_dir.chmod(0o711)

@@ -241,7 +241,7 @@ def _run_rank(rank: dict, env: dict, limits: dict, out: int, err: int) -> None:
     """In the rank (step 3). Never returns."""
     null = os.open("/dev/null", os.O_RDONLY)
     child.reset(stdio=(null, out, err), env=env, limits=limits, new_session=True)
-    if rank.get("uid") is not None:   # unsandboxed, for a root grader: never as root (runner.run_unsandboxed_as_others)
+    if rank.get("uid") is not None:   # unsandboxed, for a root grader: never as root (sandbox.runas)
         uid = int(rank["uid"])
         try:
             os.setgroups([])
