@@ -372,3 +372,31 @@ def test_private_folders_come_before_the_binds(tmp_path):
     first_bind = argv.index("--ro-bind")
     for private in ("/tmp", sandbox.HOME):
         assert argv.index(private) < first_bind, (private, argv[:first_bind + 2])
+
+
+def test_a_ranks_forked_child_is_not_taken_for_the_rank():
+    """A child a rank forks inherits the rank's name (harness-rank-N), and both start in the same clock
+    tick: the rank whose stack a hang report shows is the topmost process of that name."""
+    import signal
+
+    from dtrain_lab.sandbox import enter
+
+    code = ("import ctypes, os, sys, time\n"
+            "ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)\n"
+            "child = os.fork()\n"
+            "if child:\n"
+            "    print(child, flush=True)\n"
+            "time.sleep(60)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, enter.RANK_NAME.format(rank=r)], stdout=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    children = []
+    try:
+        children = [int(p.stdout.readline()) for p in procs]
+        found = runner._rank_processes(psutil.Process())
+        assert {r: p.pid for r, p in found.items()} == {0: procs[0].pid, 1: procs[1].pid}, (found, children)
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -307,22 +307,28 @@ def _current_attempt(job_dir: Path) -> int:
 
 
 def _rank_processes(root: psutil.Process) -> dict[int, psutil.Process]:
-    """The harness process of every rank (the oldest one: a child the learner forked has the same
-    command line but started later)."""
-    found: dict[int, psutil.Process] = {}
+    """The harness process of every rank: the topmost process of that name (a child the learner
+    forked inherits the name; start times cannot tell them apart, they are clock ticks)."""
+    named: dict[int, psutil.Process] = {}
+    rank_of: dict[int, int] = {}
     try:
         procs = root.children(recursive=True)
     except psutil.Error:
-        return found
+        return {}
     for p in procs:
         try:
             name = p.name()
-            if not name.startswith(RANK_PREFIX):    # a rank the supervisor started (sandbox/enter.py)
-                continue
-            r = int(name[len(RANK_PREFIX):])
-            if r not in found or p.create_time() < found[r].create_time():
-                found[r] = p
+            if name.startswith(RANK_PREFIX):    # a rank the supervisor started (sandbox/enter.py), or its child
+                rank_of[p.pid] = int(name[len(RANK_PREFIX):])
+                named[p.pid] = p
         except (psutil.Error, ValueError, IndexError):
+            continue
+    found: dict[int, psutil.Process] = {}
+    for pid, r in rank_of.items():
+        try:
+            if rank_of.get(named[pid].ppid()) != r:
+                found.setdefault(r, named[pid])
+        except psutil.Error:
             continue
     return found
 
