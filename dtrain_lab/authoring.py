@@ -111,6 +111,19 @@ _FENCE = re.compile(r"^\s*(```|~~~)")
 _HEADING = re.compile(r"^(#{1,6})[ \t]+\S")
 
 
+def lab_programs(lab: str, source: Path) -> dict:
+    """``{exercise id: {"solution": code, "learner": code}}`` from the ``%%writefile <lab>_*.py`` cells
+    of a lab's source (``lab`` is the exercise prefix, e.g. ``"lab09"``): what the tests, the tools and
+    the benchmarks grade."""
+    out = {}
+    for cell in parse(Path(source).read_text(encoding="utf-8")):
+        text = cell.text.get("*", "")
+        if cell.kind == "code" and text.startswith(f"%%writefile {lab}_"):
+            first, _, body = text.partition("\n")
+            out[f"{lab}." + first.split()[1][len(lab) + 1:-len(".py")]] = blocks(body)
+    return out
+
+
 def headings(md: str) -> list[str]:
     """The heading marks (``#``, ``##``, ...) of a markdown text in order, code blocks left out."""
     out, fenced = [], False

@@ -164,14 +164,7 @@ def lab_programs(lab: str, source_name: str) -> dict:
     ``solutions/_source/<source_name>`` (``lab`` is the exercise prefix, e.g. ``"lab09"``)."""
     from dtrain_lab import authoring
 
-    out = {}
-    source = ROOT / "solutions" / "_source" / source_name
-    for cell in authoring.parse(source.read_text(encoding="utf-8")):
-        text = cell.text.get("*", "")
-        if cell.kind == "code" and text.startswith(f"%%writefile {lab}_"):
-            first, _, body = text.partition("\n")
-            out[f"{lab}." + first.split()[1][len(lab) + 1:-len(".py")]] = authoring.blocks(body)
-    return out
+    return authoring.lab_programs(lab, ROOT / "solutions" / "_source" / source_name)
 
 
 def submit(folder, ex_id: str, code: str, tag: str):

@@ -15,13 +15,7 @@ STUB_LINE = "# YOUR CODE HERE"
 
 def programs() -> dict:
     """``{name: {"solution": code, "learner": code}}`` from the lab's %%writefile cells."""
-    out = {}
-    for cell in authoring.parse(SOURCE.read_text(encoding="utf-8")):
-        text = cell.text.get("*", "")
-        if cell.kind == "code" and text.startswith("%%writefile lab10_"):
-            first, _, body = text.partition("\n")
-            out[first.split()[1][len("lab10_"):-len(".py")]] = authoring.blocks(body)
-    return out
+    return {ex_id.split(".", 1)[1]: code for ex_id, code in authoring.lab_programs("lab10", SOURCE).items()}
 
 
 PROGRAMS = programs()

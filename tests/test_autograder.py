@@ -183,9 +183,8 @@ def test_without_a_sandbox_code_is_not_run_unless_the_instructor_allowed_it(buil
     assert doc["extra_data"]["sandbox"]["mode"] == "refused" and doc["score"] == 0
     assert "cannot run the grader's sandbox" in doc["output"]
     assert by_exercise(doc)["lab10.send_send"]["status"] == "failed"
-    env, expect = open_python(built)
-    doc, _ = run_autograder(built, tmp_path / "open", "open", {"lab.ipynb": lab10_notebook(ATTACK)},
-                            env={**path, **env})
+    expect = refusal_expected()
+    doc, _ = run_autograder(built, tmp_path / "open", "open", {"lab.ipynb": lab10_notebook(ATTACK)}, env=path)
     if expect is None:
         assert doc["extra_data"]["sandbox"]["mode"] == "unsandboxed"
         # graded as its own uid: the attack could neither write the results nor stop the grader
@@ -217,16 +216,16 @@ while _pid > 1:
 """
 
 
-def open_python(built) -> tuple[dict, str | None]:
-    """How to run the unsandboxed autograder here, and what it must answer: ``(env, None)`` where a
-    rank running as another uid can read the course's Python (it is graded, as in Gradescope, whose
-    setup.sh makes /opt/dtrain-lab readable by all), else ``(env, words of the refusal)`` (this
-    Python lives where other users cannot read, e.g. pyenv under a 0700 /root)."""
+def refusal_expected() -> str | None:
+    """What the unsandboxed autograder must answer here: None where a rank running as another uid can
+    read the course's Python (it is graded, as in Gradescope, whose setup.sh makes /opt/dtrain-lab
+    readable by all), else words of its refusal (not root; or this Python lives where other users
+    cannot read, e.g. pyenv under a 0700 /root)."""
     from dtrain_lab.sandbox import runas
 
     if os.geteuid() != 0:
-        return {}, "grader's own user"
-    return {}, (None if runas.unreachable_as(runas.fresh_uid()) is None else "cannot read")
+        return "grader's own user"
+    return None if runas.unreachable_as(runas.fresh_uid()) is None else "cannot read"
 
 
 @pytest.mark.timeout(300)

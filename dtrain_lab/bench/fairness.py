@@ -29,11 +29,7 @@ def _notebook(code: str) -> str:
 def solution() -> str:
     from dtrain_lab import authoring
 
-    for cell in authoring.parse(SOURCE.read_text(encoding="utf-8")):
-        text = cell.text.get("*", "")
-        if cell.kind == "code" and text.startswith("%%writefile lab10_rank_branch.py"):
-            return authoring.blocks(text.partition("\n")[2])["solution"]
-    raise LookupError("no lab10_rank_branch cell in " + str(SOURCE))
+    return authoring.lab_programs("lab10", SOURCE)["lab10.rank_branch"]["solution"]
 
 
 def pair(neighbour: str, sandbox: bool | None = None) -> dict:
