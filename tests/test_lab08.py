@@ -95,8 +95,15 @@ def test_exercises_cells_titles_and_ignored_files():
         cases = lab08.make_inputs(seed, 1)[0]["schedule_cases"]
         assert any(m < p for p, m in cases) and any(m > p and m % p for p, m in cases) and [1, 1] in cases
     assert lab08.make_inputs(1, 1)[0]["schedule_cases"] != lab08.make_inputs(2, 1)[0]["schedule_cases"]
-    # exercise 2's data: the inputs only on stage 0, the targets only on stage 1
-    assert set(RUN2.inputs[0]) == {"x", "schedule_cases"} and set(RUN2.inputs[1]) == {"y"}
+    # exercise 2's data: the inputs only on stage 0, the targets only on stage 1, each stage's
+    # starting weights only on its rank, drawn for every grade (not the public lab_model())
+    assert set(RUN2.inputs[0]) == {"x", "weights", "schedule_cases"} and set(RUN2.inputs[1]) == {"y", "weights"}
+    public = [[p.detach() for p in lab08.stage_layers(lab08.lab_model(), s).parameters()] for s in range(2)]
+    for s in range(2):
+        mine = RUN2.inputs[s]["weights"]
+        assert [w.shape for w in mine] == [p.shape for p in public[s]]
+        assert not any(torch.equal(w, p) for w, p in zip(mine, public[s]))
+        assert not any(torch.equal(w, p) for w, p in zip(mine, lab08.make_inputs(RUN2.seed + 1, 2)[s]["weights"]))
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -223,11 +230,19 @@ def simulated_run(rank: int, params, losses=None, peak=None, forwards=lab08.M) -
                       for i in range(lab08.STEPS)]}
 
 
+def graded_model():
+    """The lab's model with the grade's starting weights (each stage's from its rank's inputs)."""
+    model = lab08.lab_model()
+    for s in range(2):
+        lab08.load_weights(lab08.stage_layers(model, s), RUN2.inputs[s]["weights"])
+    return model
+
+
 def test_run_check_on_simulated_results():
     ref = checks.reference_training(RUN2.inputs)
     xs, ys = RUN2.inputs[0]["x"], RUN2.inputs[1]["y"]
     # the reference's hand-written SGD is torch.optim.SGD's, on the whole batch's mean loss
-    model = lab08.lab_model()
+    model = graded_model()
     opt = torch.optim.SGD(model.parameters(), lr=lab08.LR)
     for step in range(lab08.STEPS):
         opt.zero_grad()
@@ -246,7 +261,7 @@ def test_run_check_on_simulated_results():
     found = checks._check_run(RUN2, 0, simulated_run(0, frozen["params"][0]))
     assert "got no gradient" in text(found, "en") and "requires_grad_()" in text(found, "zh")
     # summed instead of averaged micro-batch gradients (a learner dividing by m twice, or not at all)
-    model = lab08.lab_model()
+    model = graded_model()
     opt = torch.optim.SGD(model.parameters(), lr=lab08.LR * lab08.M)   # PyTorch's SGD, m times the step
     params1 = []
     for step in range(lab08.STEPS):

@@ -47,7 +47,7 @@ def test_no_comm_attack_is_right_only_where_the_data_are_public(monkeypatch):
     assert "after step 1 stage 0's parameters differ" in found[0][0]["en"], found[0]
     assert "in step 1 the last stage's losses" in found[1][0]["en"], found[1]
     # each rank holds only its part of a grade's data: the other part cannot be read from inside
-    assert set(graded.inputs[0]) == {"x", "schedule_cases"} and set(graded.inputs[1]) == {"y"}
+    assert set(graded.inputs[0]) == {"x", "weights", "schedule_cases"} and set(graded.inputs[1]) == {"y", "weights"}
 
 
 @pytest.mark.timeout(300)

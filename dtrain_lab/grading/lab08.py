@@ -10,7 +10,9 @@ Two exercises, written by the learner in the lab notebook (``solutions/_source/l
 2. ``run_stage(stage, actions, inputs, targets, loss_fn, act_shape)``: the executor of one stage, on
    2 ranks (2 stages, 3 micro-batches). Only stage 0 has the inputs and only stage 1 the targets,
    both private to their rank and drawn for every grade: stage 1 computes nothing right without
-   stage 0's activations, stage 0 learns nothing without stage 1's gradients.
+   stage 0's activations, stage 0 learns nothing without stage 1's gradients. Each stage's starting
+   weights are drawn for every grade too, and only its own rank gets them: a rank cannot run the
+   other stage's layers (the whole model) without receiving their weights, which the trace shows.
 
 Here are the tools the notebook uses to look at a schedule (:func:`simulate`, :func:`timeline`,
 :func:`bubble`, :func:`peak_alive`, GPipe's order :func:`gpipe`) and the drivers; the 1F1B reference
@@ -161,6 +163,10 @@ def make_inputs(seed: int, world: int) -> list[dict]:
     out = [{} for _ in range(world)]
     out[0]["x"] = x
     out[world - 1]["y"] = y
+    if world == 2:
+        model = lab_model(seed=contract.rng(seed, "lab08-weights").randrange(2**31))
+        for s in range(world):
+            out[s]["weights"] = [p.detach().clone() for p in stage_layers(model, s, world).parameters()]
     out[0]["schedule_cases"] = _schedule_cases(contract.rng(seed, "lab08"))
     return out
 
@@ -179,11 +185,23 @@ def schedule_cases(schedule_1f1b) -> dict:
 
 
 # ------------------------------------------------------------------ 2. run it: one stage per rank
-def lab_model():
-    """``MLP(4, 8, 3, depth=3)`` in float64: Linear, ReLU, Linear, ReLU | Linear, ReLU, Linear."""
+def lab_model(seed: int = 0):
+    """``MLP(4, 8, 3, depth=3)`` in float64: Linear, ReLU, Linear, ReLU | Linear, ReLU, Linear.
+    A grade draws the weights from its own seed (:func:`make_inputs`) and gives each rank only its
+    stage's share (:func:`load_weights`)."""
     from dtrain_lab.models import MLP
 
-    return MLP(d_in=D_IN, d_hidden=D_HIDDEN, d_out=D_OUT, depth=3, seed=0).double()
+    return MLP(d_in=D_IN, d_hidden=D_HIDDEN, d_out=D_OUT, depth=3, seed=seed).double()
+
+
+@torch.no_grad()
+def load_weights(stage, weights) -> None:
+    """Copy a stage's private starting weights (``make_inputs(...)[s]["weights"]``) into its layers."""
+    params = list(stage.parameters())
+    if len(params) != len(weights):
+        raise ValueError(f"{len(weights)} weights for {len(params)} parameters")
+    for p, w in zip(params, weights):
+        p.copy_(w)
 
 
 def stage_layers(model, s: int, p: int = 2) -> torch.nn.Sequential:
@@ -236,11 +254,12 @@ class _Counted(torch.nn.Module):
 def train(schedule_1f1b, run_stage) -> dict:
     """Driver of exercise 2 (rank = stage): ``STEPS`` SGD steps; in each, ``run_stage`` runs this
     stage's actions of ``schedule_1f1b(world, M)`` on the step's micro-batches (the inputs on stage 0,
-    the targets on the last stage: each only there), then the driver steps the optimizer. Returns
+    the targets on the last stage, each stage's starting weights on its own rank: each only there), then the driver steps the optimizer. Returns
     the parameters after every step, the losses and the peak number of micro-batches alive."""
     rank, world = contract.rank_and_world()
     mine = contract.mine(make_inputs)
     stage = _Counted(stage_layers(lab_model(), rank, world))
+    load_weights(stage, mine["weights"])
     actions = schedule_1f1b(world, M)[rank]
     record = []
     for step in range(STEPS):

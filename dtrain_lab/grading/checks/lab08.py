@@ -171,6 +171,8 @@ def reference_training(inputs: list, steps: int = contract.STEPS, stage_zero_fro
     ``stage_zero_frozen`` leaves stage 0 untouched (the hint for a gradient never sent back)."""
     model = contract.lab_model()
     stages = [contract.stage_layers(model, 0), contract.stage_layers(model, 1)]
+    for s in range(2):
+        contract.load_weights(stages[s], inputs[s]["weights"])
     xs_all, ys_all = inputs[0]["x"], inputs[-1]["y"]
     out = {"params": [[], []], "losses": []}
     for step in range(steps):

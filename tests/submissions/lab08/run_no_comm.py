@@ -1,12 +1,12 @@
 """Attack (issue 13): 1F1B without a single send or recv. Each rank runs the WHOLE model itself,
 keeping a private copy of the other stage (trained with the same SGD), and fills in the data it
 does not hold (stage 0 lacks the targets, stage 1 the inputs) with the practice data that
-``make_inputs`` gives anyone. Where every rank's data were public (the practice seed) this gives
+``make_inputs`` gives anyone (the other stage's starting weights too). Where every rank's data were public (the practice seed) this gives
 exactly the right parameters and losses; under the grader the inputs and targets are drawn for
 every grade and private to their rank, so the practice stand-ins are wrong and so is the result."""
 import torch
 from dtrain_lab.grading import contract
-from dtrain_lab.grading.lab08 import LR, lab_model, make_inputs, stage_layers, train
+from dtrain_lab.grading.lab08 import LR, lab_model, load_weights, make_inputs, stage_layers, train
 
 _other = {}        # the other stage's private copy, kept across steps
 _step = [0]
@@ -30,10 +30,11 @@ def run_stage(stage, actions, inputs, targets, loss_fn, act_shape):
     rank, world = contract.rank_and_world()
     step = _step[0]
     _step[0] += 1
+    public = make_inputs(contract.PRACTICE_SEED, world)      # what anyone can compute
     if "model" not in _other:
         _other["model"] = stage_layers(lab_model(), 1 - rank)
+        load_weights(_other["model"], public[1 - rank]["weights"])
     other = _other["model"]
-    public = make_inputs(contract.PRACTICE_SEED, world)      # what anyone can compute
     if inputs is None:
         inputs = list(public[0]["x"][step])
     if targets is None:

@@ -1,7 +1,7 @@
-"""A shortcut (issue 22): no pipeline. The inputs are broadcast from stage 0 and the targets from the
-last stage, and every rank runs the whole model, keeping a private copy of the other stage (the lab's
-model is public, and the copy gets the same SGD step). The parameters and losses are right, yet no
-activation or gradient ever crosses between the stages."""
+"""A shortcut (issue 22): no pipeline. The inputs are broadcast from stage 0, the targets from the
+last stage and each stage's starting weights from its rank (they are private), and every rank runs
+the whole model, keeping a copy of the other stage that gets the same SGD step. The parameters and
+losses are right, yet no activation or gradient ever crosses between the stages."""
 import torch
 import torch.distributed as dist
 
@@ -29,7 +29,15 @@ def run_stage(stage, actions, inputs, targets, loss_fn, act_shape):
     dist.broadcast(x, 0)
     dist.broadcast(y, world - 1)
     if "model" not in _other:
+        mine = [p.detach().clone() for p in stage.parameters()]
+        theirs = [p.detach().clone() for p in stage_layers(lab_model(), 1 - rank, world).parameters()]
+        for s in range(world):
+            for t in (mine if s == rank else theirs):
+                dist.broadcast(t, s)
         _other["model"] = stage_layers(lab_model(), 1 - rank, world)
+        with torch.no_grad():
+            for p, t in zip(_other["model"].parameters(), theirs):
+                p.copy_(t)
     other = _other["model"]
     stash, losses = {}, []
     for kind, mb in actions:
