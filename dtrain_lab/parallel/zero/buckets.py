@@ -1,4 +1,4 @@
-"""Stage 2 with the gradients reduced during backward, bucket by bucket, as DeepSpeed does.
+"""Stage 2 with the gradients reduced during backward, bucket by bucket, each piece to its owner.
 
 The parameters are grouped, last first (backward produces their gradients first), into buckets of at
 least ``bucket_numel`` elements; each bucket is a contiguous range of the flat buffer. A
@@ -10,6 +10,14 @@ a time. A reduce is counted as a chain: every rank but the owner sends the piece
 rank sends Ψ minus its own slice, the same (N-1)/N·Ψ as a reduce-scatter. Every rank must run the same
 backward graph (the buckets are reduced in the order their gradients become ready); buckets some
 parameter of which got no gradient are reduced at the end of backward, in the same order everywhere.
+
+DeepSpeed's stage 2 buckets the same way but, by default, does not reduce per owner: in DeepSpeed
+0.19.8 ``use_multi_rank_bucket_allreduce: bool = True`` (``deepspeed/runtime/zero/config.py``), and
+``average_tensor`` (``stage_1_and_2.py``) keys every slice ``("allreduce", process_group)`` when
+``self.use_multi_rank_bucket_allreduce or len(copy_ranks) > 1``, so the whole bucket is all-reduced
+(``allreduce_and_scatter``) and each rank keeps its own slices. Only with the flag off does it issue
+one reduce per owner (``("reduce", dst, process_group)``, ``allreduce_no_retain(..., rank=dst)``), which
+is what this module does.
 """
 from __future__ import annotations
 
@@ -54,8 +62,8 @@ class BucketReducer:
     def _reduce(self, k: int) -> None:
         """Copy the bucket's gradients into one buffer, free them, then for every rank whose slice the
         bucket overlaps ``reduce`` (sum) that piece to its owner, who adds it to its gradient shard.
-        This is how DeepSpeed's stage 2 ``average_tensor`` reduces a bucket with ``reduce_scatter``
-        enabled: one reduce per owner."""
+        DeepSpeed's stage 2 ``average_tensor`` does this only with ``use_multi_rank_bucket_allreduce``
+        set to false; by default (true) it all-reduces the whole bucket instead (module docstring)."""
         opt, flat, idx = self.opt, self.opt.flat, self.buckets[k]
         a = flat.offsets[idx[0]]
         b = flat.offsets[idx[-1]] + opt.params[idx[-1]].numel()
