@@ -9,6 +9,10 @@ rows and ``dq/dk/dv`` rows equal autograd through single-process attention on th
 (float64), causal and not, contiguous and zig-zag, and with grouped-query attention; the sends and bytes counted equal
 ``ring_comm_bytes``; zig-zag balances the query-key products exactly; PyTorch's context_parallel on
 CPU raises NotImplementedError for the CPU flash kernel, and its load balancer's order is ours.
+Precision (one launch of ``tests/workers/cp_precision_checks.py`` at 2 ranks, one at 3): with bf16
+inputs the ring accumulates in float32, so every output and gradient element is within the rounding of
+the result to bf16 of float64 attention (its own reference, in the worker); the old bf16 accumulation
+(forced with ``_acc_dtype``) is several times outside that bound; dK/dV travel in float32.
 """
 import uuid
 
@@ -102,6 +106,10 @@ def test_comm_formula():
     f = ring_comm_bytes(1, 8, 1024, 64, 4, bytes_per_elem=2)
     assert f["block_bytes"] == 2 * 8 * 256 * 64 * 2
     assert (f["forward_sends"], f["backward_sends"]) == (3, 7)
+    assert f["grad_block_bytes"] == 2 * f["block_bytes"]          # bf16 K/V, float32 dK/dV
+    assert f["total_bytes"] == (3 + 3) * f["block_bytes"] + 4 * f["grad_block_bytes"]
+    f64 = ring_comm_bytes(1, 8, 1024, 64, 4, bytes_per_elem=8)
+    assert f64["grad_block_bytes"] == f64["block_bytes"] and f64["total_bytes"] == 10 * f64["block_bytes"]
     assert ring_comm_bytes(1, 8, 1024, 64, 1)["total_bytes"] == 0
 
 
@@ -167,3 +175,41 @@ def test_torch_context_parallel_on_cpu(results):
         assert t["local_seq_inside"] == 8                          # buffers sharded in place: 16 / 2
         assert t["raised"]["type"] == "NotImplementedError"
         assert "_scaled_dot_product_flash_attention_for_cpu" in t["raised"]["message"]
+
+
+# ------------------------------------------------------------------------------------ bf16 precision
+PRECISION_WORLDS = (2, 3)
+# A bf16 value has 8 significant bits: rounding x to bf16 errs by at most 2⁻⁸·|x|. The ring as shipped
+# computes in float32 from the bf16 inputs (products exact, sums to ~1e-6) and rounds once, so each
+# element's error is within 2⁻⁸ of the tensor's largest magnitude (5 % margin for the float32 part).
+BF16_TOL = 2.0 ** -8 * 1.05
+
+
+@pytest.fixture(scope="module")
+def precision():
+    from conftest import WORKERS
+
+    return {n: fork_launch(str(WORKERS / "cp_precision_checks.py"), nproc=n, timeout=120, quiet=True,
+                           env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+            for n in PRECISION_WORLDS}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", PRECISION_WORLDS)
+def test_bf16_ring_accumulates_in_float32(precision, n):
+    ms = job_metrics(precision[n], n)
+    b, h, s, d = ms[0]["shape"]
+    for case in ("zigzag_causal", "contiguous_full_no_overlap"):
+        new = [ms[r]["precision"][case]["float32"] for r in range(n)]
+        old = [ms[r]["precision"][case]["bfloat16"] for r in range(n)]
+        for rank, m in enumerate(new):
+            assert m["dtypes"] == ["torch.bfloat16"] * 4, (case, rank)   # cast back to the input dtype
+            assert max(m["rel_err"].values()) <= BF16_TOL, (case, rank, m["rel_err"])
+        # the old ring (merging and accumulating in bf16) is far outside: more than twice the bound
+        assert max(e for m in old for e in m["rel_err"].values()) > 2 * BF16_TOL, (case, old)
+        # bytes: K/V travel in bf16 (2 bytes), dK/dV in float32 (4); the old ring sent bf16 dK/dV
+        assert all(m["sends"] == 3 * n - 2 for m in new + old)
+        assert all(m["send_bytes"] == ring_comm_bytes(b, h, s * n, d, n, bytes_per_elem=2)["total_bytes"]
+                   for m in new)
+        assert all(m["send_bytes"] == ring_comm_bytes(b, h, s * n, d, n, 2, grad_bytes_per_elem=2)["total_bytes"]
+                   for m in old)

@@ -200,9 +200,26 @@ def _add_work(stats, pairs, q, n) -> None:
                                                                       for _, _, d in pairs)
 
 
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the ring accumulates in: float32, or the input's dtype where that is wider (float64
+    stays float64). bf16 has 8 significant bits: a log-sum-exp near 3 is then rounded to 2⁻⁶, which
+    rescales the merged output by up to 0.8 %, at every merge; FlashAttention, ring-flash-attention
+    and picotron all merge in float32 and cast the output once at the end."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class _RingAttention(torch.autograd.Function):
+    """Forward and backward rings. Everything that accumulates (the output, the log-sum-exp, ``dq``
+    and the travelling ``dK/dV``) is in :func:`_acc_dtype` of the input; the K/V blocks travel in
+    the input's dtype and each block is computed in the accumulation dtype (bf16 × bf16 products are
+    exact in float32: what a GPU's bf16 matmul accumulating in float32 computes).
+
+    Cost in ring bytes: with bf16 (or fp16) inputs the ``dK/dV`` blocks that travel in backward are
+    float32, twice the bytes of the bf16 K/V blocks (:func:`ring_comm_bytes` counts them so). Sending
+    them in bf16 would round the partial sums at every hop, the error this dtype choice removes."""
+
     @staticmethod
-    def forward(ctx, q, k, v, causal, layout, group, overlap, stats):
+    def forward(ctx, q, k, v, causal, layout, group, overlap, stats, acc_dtype):
         ring = _Ring(group, stats)
         r, p = ring.rank, ring.p
         n_local = q.shape[-2]
@@ -210,44 +227,59 @@ class _RingAttention(torch.autograd.Function):
         mine = chunk_ids(r, p, layout)
         n = n_local // len(mine)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        o = torch.zeros_like(q)
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
-        kv = torch.stack([k, v]).contiguous()               # one message per step: K and V together
+        acc = acc_dtype or _acc_dtype(q.dtype)
+        qa = q.to(acc)
+        o = torch.zeros(q.shape, dtype=acc, device=q.device)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)
+        kv = torch.stack([k, v]).contiguous()               # one message per step: K and V together (input dtype)
         for s in range(p):
             pending = ring.start(kv) if s < p - 1 and overlap else None   # posted before the compute
             owner = (r - s) % p
             pairs = _pairs(mine, chunk_ids(owner, p, layout), n, causal)
+            kva = kv.to(acc)
             for qs, ks, diag in pairs:
-                ob, lb = block_attention(q[..., qs, :], kv[0][..., ks, :], kv[1][..., ks, :], scale, diag)
+                ob, lb = block_attention(qa[..., qs, :], kva[0][..., ks, :], kva[1][..., ks, :], scale, diag)
                 o[..., qs, :], lse[..., qs] = online_softmax_merge(o[..., qs, :], lse[..., qs], ob, lb)
             _add_work(stats, pairs, q, n)
             if s < p - 1:
                 kv = ring.finish(pending if overlap else ring.start(kv))
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (causal, layout, group, overlap, stats)
-        return o
+        ctx.save_for_backward(q, k, v, o, lse)              # o and lse in the accumulation dtype
+        ctx.args = (causal, layout, group, overlap, stats, acc)
+        return o.to(q.dtype)
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        causal, layout, group, overlap, stats = ctx.args
+        causal, layout, group, overlap, stats, acc = ctx.args
         ring = _Ring(group, stats)
         r, p = ring.rank, ring.p
         mine = chunk_ids(r, p, layout)
         n = q.shape[-2] // len(mine)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        do = do.contiguous()
+        qa, do = q.to(acc), do.to(acc).contiguous()
         delta = (do * o).sum(-1)                            # rowsum(dO ∘ O), once for every block
-        dq = torch.zeros_like(q)
-        kv = torch.stack([k, v]).contiguous()
-        dkv = torch.zeros_like(kv)                          # the accumulator of the block I hold
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        kv = torch.stack([k, v]).contiguous()               # travels in the input dtype, as in forward
+        dkv = torch.zeros(kv.shape, dtype=acc, device=kv.device)   # the accumulator of the block I hold
         dkv_pending = None
+        # Two streams of the same shape go to the same right neighbour and come from the same left
+        # one: K/V (input dtype) and dK/dV (accumulation dtype: the same dtype too when the input is
+        # float32/64), with the same group and the same tag (0), so nothing in a message says which
+        # stream it belongs to. They cannot be swapped because point-to-point messages between two
+        # ranks are matched in the order they are posted (gloo: per pair and tag, in order over
+        # one connection; NCCL: in order on the communicator's stream), and every rank posts the
+        # same sequence: each step, K/V first (at the top when ``overlap``, after the dK/dV post
+        # otherwise; ``overlap`` is the same on every rank), then dK/dV; none in the last step for K/V.
+        # So the i-th receive I post from the left is the i-th send the left neighbour posts to me,
+        # and both are the same stream. A rank that posted them in another order (e.g. a branch on
+        # its rank) would silently receive K/V as gradients when the dtypes are equal.
         for s in range(p):
             kv_pending = ring.start(kv) if s < p - 1 and overlap else None
             owner = (r - s) % p
-            mine_dkv = torch.zeros_like(kv)
+            mine_dkv = torch.zeros(kv.shape, dtype=acc, device=kv.device)
+            kva = kv.to(acc)
             for qs, ks, diag in _pairs(mine, chunk_ids(owner, p, layout), n, causal):
-                gq, gk, gv = _block_backward(q[..., qs, :], kv[0][..., ks, :], kv[1][..., ks, :], o[..., qs, :],
+                gq, gk, gv = _block_backward(qa[..., qs, :], kva[0][..., ks, :], kva[1][..., ks, :], o[..., qs, :],
                                              lse[..., qs], do[..., qs, :], delta[..., qs], scale, diag)
                 dq[..., qs, :] += gq
                 mine_dkv[0][..., ks, :] += gk
@@ -261,12 +293,12 @@ class _RingAttention(torch.autograd.Function):
                 kv = ring.finish(kv_pending if overlap else ring.start(kv))
         if dkv_pending is not None:
             dkv = ring.finish(dkv_pending)
-        return dq, dkv[0], dkv[1], None, None, None, None, None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
                    layout: str = "zigzag", group: groups.Group = None, overlap: bool = True,
-                   stats: dict | None = None) -> torch.Tensor:
+                   stats: dict | None = None, _acc_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Attention of this rank's queries to the whole sequence, whose shards are spread over ``group``.
 
     ``q, k, v``: this rank's shard ``(b, h, S/p, d)`` as :func:`shard_sequence` cuts it with
@@ -274,18 +306,30 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     the ring then carries only the K/V heads). Returns this rank's rows of the output; differentiable (backward is a second ring).
     ``overlap=False`` waits for each K/V block before computing (to measure what overlap hides).
     ``stats`` (a dict) accumulates ``sends``, ``send_bytes`` and ``qk_pairs`` (query-key products this
-    rank computed, masked ones skipped)."""
+    rank computed, masked ones skipped).
+
+    The output, log-sum-exp and gradients accumulate in float32 (float64 for float64 input) and are
+    cast to the input's dtype at the end; ``_acc_dtype`` forces another accumulation dtype (tests
+    only: ``torch.bfloat16`` reproduces a ring that merges in bf16)."""
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[::2] != k.shape[::2] \
             or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
         raise LabError("cp_bad_shapes", q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape))
-    return _RingAttention.apply(q, k, v, causal, layout, group, overlap, stats)
+    return _RingAttention.apply(q, k, v, causal, layout, group, overlap, stats, _acc_dtype)
 
 
-def ring_comm_bytes(b: int, heads: int, seq_len: int, head_dim: int, p: int, bytes_per_elem: int = 4) -> dict:
+def ring_comm_bytes(b: int, heads: int, seq_len: int, head_dim: int, p: int, bytes_per_elem: int = 4,
+                    grad_bytes_per_elem: int | None = None) -> dict:
     """What one ring-attention layer sends per rank: forward ``p-1`` K/V blocks, backward ``p-1`` K/V
     blocks and ``p`` dK/dV blocks, each block ``2 · b · heads · (S/p) · head_dim`` elements
-    (``heads``: the K/V heads this rank holds)."""
-    block = 2 * b * heads * (seq_len // p) * head_dim * bytes_per_elem
-    fwd, bwd = (p - 1), (p - 1) + (p if p > 1 else 0)
-    return {"block_bytes": block, "forward_sends": fwd, "backward_sends": bwd,
-            "forward_bytes": fwd * block, "backward_bytes": bwd * block, "total_bytes": (fwd + bwd) * block}
+    (``heads``: the K/V heads this rank holds). K/V travel in the input's dtype (``bytes_per_elem``);
+    dK/dV travel in the accumulation dtype, ``grad_bytes_per_elem``, by default that of
+    :func:`ring_attention`: ``max(bytes_per_elem, 4)`` (bf16 K/V: the dK/dV blocks are twice as big)."""
+    if grad_bytes_per_elem is None:
+        grad_bytes_per_elem = max(bytes_per_elem, 4)
+    elems = 2 * b * heads * (seq_len // p) * head_dim
+    block, grad_block = elems * bytes_per_elem, elems * grad_bytes_per_elem
+    fwd, bwd_kv, bwd_grad = (p - 1), (p - 1), (p if p > 1 else 0)
+    fwd_bytes, bwd_bytes = fwd * block, bwd_kv * block + bwd_grad * grad_block
+    return {"block_bytes": block, "grad_block_bytes": grad_block, "forward_sends": fwd,
+            "backward_sends": bwd_kv + bwd_grad, "forward_bytes": fwd_bytes, "backward_bytes": bwd_bytes,
+            "total_bytes": fwd_bytes + bwd_bytes}
