@@ -39,7 +39,7 @@ lab: $(STAMP)
 	  '--ContentsManager.hide_globs=$(LAB_HIDE)' $(LAB_ARGS)
 
 # the in-process tests: they launch no job (tests/conftest.py fails any that does under DTRAIN_TEST_FAST=1)
-FAST_TESTS := actckpt architecture bench caps cli cluster diagnose dp_demos draws glossary gpu i18n nccl \
+FAST_TESTS := actckpt architecture bench caps cli cluster diagnose dp_demos draws glossary gpu i18n learner_copies nccl \
   networking_demo notebooks parallel_dims perfmodel runtime solution_cells viz zero_memory
 
 test: $(STAMP)

@@ -1,4 +1,5 @@
-"""The library's layers, read from the AST: arrows only downward, no import cycles, short modules.
+"""The library's layers, read from the AST: arrows only downward, no import cycles, short modules, and no
+module that nothing uses (imports or launches).
 
 course     cli, viz, bench, demos/, grading/, authoring   (may import anything below)
 jobs       jobs/ (launch, runtime, cluster, diagnose, monitor)
@@ -11,6 +12,7 @@ it does not change it.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,9 +52,10 @@ def _files() -> list[Path]:
     return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """Every dtrain_lab module ``path`` imports (absolute names), wherever the import stands."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+def _imports(path: Path, tree: ast.AST | None = None) -> list[tuple[int, str]]:
+    """Every dtrain_lab module ``path`` imports (absolute names), wherever the import stands
+    (``tree``: its code already parsed, e.g. a lesson's cell)."""
+    tree = tree or ast.parse(path.read_text(encoding="utf-8"))
     me = _module_name(path)
     pkg = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out = []
@@ -195,3 +198,95 @@ def test_no_module_loads_course_code_by_file_path():
             if word in text and allowed.get(rel) != word:
                 bad.append(f"{path.relative_to(ROOT)}: {word}")
     assert not bad, bad
+
+
+# ------------------------------------------------------------------------------ no orphan modules
+_NAME = re.compile(r"\bdtrain_lab(?:\.\w+)+")
+_PATH = re.compile(r"\bdtrain_lab(?:/\w+)+\.py\b")
+_RUN = re.compile(r"-m\s+(dtrain_lab(?:\.\w+)*)")        # python -m pkg runs pkg/__main__.py
+
+
+def _names_in(text: str) -> set[str]:
+    """Module names a text holds: dotted names, file paths, and ``pkg.__main__`` for ``-m pkg``."""
+    return (set(_NAME.findall(text)) | {p[:-3].replace("/", ".") for p in _PATH.findall(text)}
+            | {m + ".__main__" for m in _RUN.findall(text)})
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+
+
+def _code_references(text: str, path: Path, by_file_name: dict[str, str]) -> set[str]:
+    """Modules a piece of Python uses: what it imports (wherever the import stands); the module names
+    and paths its strings hold (``launch("dtrain_lab.demos.x")``, ``[python, "-m", "dtrain_lab.x"]``);
+    a module's file name as a string (``Path(__file__).parent / "flood.py"``: loaded by path, or put on
+    ``sys.path`` as ``_inject/sitecustomize.py`` is). Docstrings are left out (a mention is not a use),
+    and comments are not in the tree."""
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith(("%", "!"))]   # notebook magics
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return _names_in(text)
+    out = {m for _, m in _imports(path if path.suffix == ".py" else ROOT / "tests" / "cell.py", tree)}
+    skip = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            out |= _names_in(node.value)
+            if node.value in by_file_name:
+                out.add(by_file_name[node.value])
+        elif isinstance(node, (ast.List, ast.Tuple)):           # [sys.executable, "-m", "dtrain_lab.x"]
+            items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            out |= {f"{b}.__main__" for a, b in zip(items, items[1:]) if a == "-m" and isinstance(b, str)}
+    return out
+
+
+def _module_of(name: str) -> str | None:
+    """The longest prefix of ``name`` that is a module of the package (a name may end in an attribute)."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        if _exists(".".join(parts[:n])):
+            return ".".join(parts[:n])
+    return None
+
+
+def _referenced() -> dict[str, set[str]]:
+    """``{module: files that use it}`` from every place that may use a module: the package itself,
+    the tests, tools/, the lessons' and labs' sources (their code cells), the Makefile,
+    pyproject.toml (entry points), tools' scripts and .ci/. A module's uses of itself do not count."""
+    from dtrain_lab import authoring
+
+    names = [p.name for p in _files()]
+    by_file_name = {p.name: _module_name(p) for p in _files() if names.count(p.name) == 1}
+    sources: list[tuple[Path, str, bool]] = []   # (path, text, Python?)
+    for folder in (PKG, ROOT / "tests", ROOT / "tools"):
+        sources += [(p, p.read_text(encoding="utf-8"), True) for p in sorted(folder.rglob("*.py"))
+                    if "__pycache__" not in p.parts]
+    for folder in ("lessons/_source", "solutions/_source"):
+        for path in sorted((ROOT / folder).glob("*.md")):
+            sources += [(path, cell.text.get("*", ""), True)
+                        for cell in authoring.parse(path.read_text(encoding="utf-8"), str(path))
+                        if cell.kind in ("code", "setup")]
+    for path in [ROOT / "Makefile", ROOT / "pyproject.toml", *sorted((ROOT / "tools").glob("*.sh")),
+                 *sorted((ROOT / ".ci").glob("*"))]:
+        if path.is_file():
+            sources.append((path, path.read_text(encoding="utf-8"), False))
+    used: dict[str, set[str]] = {}
+    for path, text, python in sources:
+        me = _module_name(path) if path.is_relative_to(PKG) else None
+        for name in (_code_references(text, path, by_file_name) if python else _names_in(text)):
+            mod = _module_of(name)
+            while mod and mod != me:       # a use of a.b.c imports a and a.b as well
+                used.setdefault(mod, set()).add(str(path.relative_to(ROOT)))
+                mod = mod.rpartition(".")[0] if "." in mod else None
+    return used
+
+
+def test_every_module_is_used_somewhere():
+    """Every module under dtrain_lab/ is imported or launched by something: another module, a test,
+    a tool, a lesson's or lab's code, the Makefile, an entry point. A module nothing uses is dead
+    code the course still has to keep correct (``demos/collective_timing`` was one)."""
+    used = _referenced()
+    orphans = [_module_name(p) for p in _files() if _module_name(p) not in used]
+    assert not orphans, f"modules nothing imports or launches (delete them, or use them): {orphans}"

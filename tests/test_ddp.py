@@ -7,12 +7,17 @@ import pytest
 import torch
 
 from conftest import WORKERS, job_metrics
+from dtrain_lab.models import MLP
 from forkjob import fork_launch
 
 WORLD_SIZES = [2, 3]
 MLP_BYTES = 4 * (16 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4)  # MLP(16, 32, 4, depth=2), float32
 MLP_REVERSED = ["layers.4.bias", "layers.4.weight", "layers.2.bias", "layers.2.weight",
                 "layers.0.bias", "layers.0.weight"]
+# every case tests/workers/ddp_checks.py runs (its CASES), named here so that a case dropped there, or
+# one that stops reporting, fails the test instead of shrinking it
+CASES = ["accum", "accum_buckets", "classify", "frozen", "mlp", "mlp_buckets", "mlp_buckets_no_overlap",
+         "mlp_no_overlap", "tied", "tied_buckets", "unused", "unused_accum", "unused_buckets"]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +45,7 @@ def test_job_ok(results, n):
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_same_parameters_as_torch_ddp_and_single_process(results, n):
     for rank, m in metrics(results, n).items():
-        assert len(m["cases"]) == 13
+        assert sorted(m["cases"]) == CASES
         for name, c in m["cases"].items():
             for key in ("vs_torch", "vs_single", "torch_vs_single"):
                 assert c[key]["close"], f"rank {rank} {name} {key}: max abs diff {c[key]['max_abs_diff']}"
@@ -65,7 +70,11 @@ def test_buckets_reverse_order_and_overlap(results, n):
         assert c["mlp_no_overlap"]["launched_in_backward"] == 0
         assert c["mlp_buckets_no_overlap"]["launched_in_backward"] == 0
         assert c["mlp_buckets_no_overlap"]["step_collectives"] == [3] * 5
-        assert c["classify"]["num_buckets"] == 6 and c["classify"]["launched_in_backward"] == 6
+        # classify: MLP(16, 32, 4, depth=2) with a cap below any parameter's size (ONE_PER_PARAM_MB): one
+        # bucket per parameter tensor, each launched from its gradient hook
+        per_param = len(list(MLP(16, 32, 4, depth=2).parameters()))
+        assert per_param == len(MLP_REVERSED)
+        assert c["classify"]["num_buckets"] == per_param and c["classify"]["launched_in_backward"] == per_param
 
 
 @pytest.mark.timeout(400)

@@ -1,4 +1,5 @@
-"""Labs 02 (gradient buckets) and 04 (top-k with error feedback): every learner stub is "not yet",
+"""Labs 02 (gradient buckets) and 04 (top-k with error feedback): every learner stub is "not yet"
+(tests/test_learner_copies.py, for every lab),
 plausible wrong answers fail with feedback in the learner's language, and the graders' references agree
 with the library they stand for (dtrain_lab.parallel.ddp, dtrain_lab.parallel.compression).
 
@@ -10,16 +11,15 @@ launched) by the solution notebooks in both languages, which nbval re-executes
 wrong answer is graded in one test, the other wrong answers are graded once each in a second test. Stubs
 and the references are checked without launching.
 """
-import importlib
 import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from conftest import ROOT, grade, grade_notebook, lab_programs, submit
+from conftest import ROOT, grade, lab_programs
 from dtrain_lab.parallel.ddp import MB, DDP
-from dtrain_lab.grading import lab02, lab04, registry, submissions_in_notebook
+from dtrain_lab.grading import lab02, lab04, registry
 from dtrain_lab.grading.checks import lab02 as checks02, lab04 as checks04
 
 WRONG = ROOT / "tests" / "submissions"
@@ -71,20 +71,6 @@ def test_every_exercise_has_one_cell_a_title_and_an_ignored_file():
     for kind in ("labs", "solutions"):
         ignored = (ROOT / kind / ".gitignore").read_text().split()
         assert "lab02_*.py" in ignored and "lab04_*.py" in ignored
-
-
-@pytest.mark.parametrize("lang", ["en", "zh"])
-def test_learner_copies_are_not_yet_without_launching(tmp_path, monkeypatch, lang):
-    def refuse(*a, **kw):
-        raise AssertionError("a stub was launched")
-    monkeypatch.setattr(importlib.import_module("dtrain_lab.grading.runner"), "run", refuse)
-    for ex_id in EXERCISES:
-        v = grade(ex_id, submit(tmp_path, ex_id, PROGRAMS[ex_id]["learner"], f"{lang}-{ex_id}"), lang=lang)
-        assert v.outcome == "error" and not v.passed and v.details.get("not_yet"), v.feedback
-    for lab, nb in (("lab02", "lab_02_ddp"), ("lab04", "lab_04_compression")):
-        path = ROOT / "labs" / lang / f"{nb}.ipynb"
-        assert set(submissions_in_notebook(path)) == {e for e in EXERCISES if e.startswith(lab)}
-        assert all(v.details.get("not_yet") for v in grade_notebook(path, lang=lang, workdir=str(tmp_path)))
 
 
 def _ddp_buckets(params, cap):

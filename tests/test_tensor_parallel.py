@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 from forkjob import fork_launch
+from dtrain_lab.i18n import tr
 
 TOL = 1e-5
 D, HEADS = 32, 2
@@ -132,10 +133,18 @@ def test_uneven_split_refused_bilingually(ranks):
         u = m["uneven"]
         assert u["out_features"]["key"] == u["in_features"]["key"] == "tp_uneven"
         assert u["heads"]["key"] == "tp_uneven_heads"
-        for e in u.values():
-            assert "129" in e["message"] or "3" in e["message"]
-            assert "张量并行" in e["message"] or "注意力" in e["message"]
-            assert "divisible" in e["message"] or "evenly" in e["message"]
+        # tp_run tries Linear(D, 4D + 1), Linear(4D + 1, D) and Block(36 dims, 3 heads) on 2 ranks
+        tp, n, heads = 2, 4 * D + 1, 3
+        fields = {"out_features": dict(what="out_features", n=n, tp=tp),
+                  "in_features": dict(what="in_features", n=n, tp=tp),
+                  "heads": dict(heads=heads, tp=tp)}
+        for label, e in u.items():
+            for lang in ("en", "zh"):         # both languages, each with the numbers of this refusal
+                assert tr(u[label]["key"], lang, **fields[label]) in e["message"], (label, lang, e["message"])
+        assert "129 is not divisible by the tensor-parallel size 2" in u["out_features"]["message"]
+        assert "in_features evenly: 129" in u["in_features"]["message"]
+        assert "3 heads cannot be shared evenly by 2 ranks" in u["heads"]["message"]
+        assert "3 个头没法平均分给 2 个 rank" in u["heads"]["message"]
 
 
 # ------------------------------------------------------------------------------ in process (world of 1)
