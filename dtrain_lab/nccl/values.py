@@ -32,7 +32,7 @@ def _check_int(e: EnvVar, var: str, value: str) -> list[Finding]:
         return [finding(var, "error", "invalid-value", "nccl_not_an_integer", var=var, value=shown(e, value),
                         source=e.source)]
     if e.check == "ib_timeout":
-        return []  # its range is checked by _chk_ib_timeout, which knows what 0 and >= 32 mean
+        return []  # its range is checked by _chk_ib_timeout, which knows what 0 and >= 32 mean (infinite)
     if (e.lo is None or n >= e.lo) and (e.hi is None or n <= e.hi):
         return []
     if e.hi is None:
@@ -225,18 +225,15 @@ def _chk_debug_file(e, var, value):
 
 
 def _chk_ib_timeout(e, var, value):
-    # A 5-bit field of the InfiniBand spec (Local ACK Timeout): 0 means infinite, 32 and above do not
-    # fit. NCCL passes the value to the verbs driver unchecked (ibv_qp_attr.timeout is a uint8_t).
+    # The NCCL docs (env.html, NCCL_IB_TIMEOUT): "Values can be 1-31. Note: Setting a value of 0 or >= 32
+    # will result in an infinite timeout value." So 0 and >= 32 are accepted, and wait forever.
     n = parse_int(e, value)
     if n is None:
         return []  # already reported by _check_int
     if n < 0:
         return [finding(var, "error", "invalid-value", "nccl_ib_timeout_negative", var=var, n=n, source=e.source)]
-    if n >= 32:
-        return [finding(var, "error", "invalid-value", "nccl_ib_timeout_too_big", var=var, n=n, low=n % 32,
-                        suggestion="20", source=e.source)]
-    if n == 0:
-        return [finding(var, "warning", "infinite-timeout", "nccl_ib_timeout_infinite", var=var,
+    if n == 0 or n >= 32:
+        return [finding(var, "warning", "infinite-timeout", "nccl_ib_timeout_infinite", var=var, n=n,
                         suggestion="20", source=e.source)]
     return []
 
