@@ -4,7 +4,8 @@ is what a learner in a hurry might honestly write, and each must fail, saying wh
 (solutions/{zh,en}/lab_*.ipynb) and by each lab's own tests."""
 import pytest
 
-from conftest import ROOT, grade
+from conftest import ROOT, _box, grade
+from dtrain_lab.grading import lab04
 
 SHORTCUTS = ROOT / "tests" / "submissions" / "shortcuts"
 CASES = {
@@ -30,3 +31,35 @@ def test_a_shortcut_fails_and_says_what_the_exercise_wanted(name):
     assert not v.passed and v.outcome == OUTCOME.get(name, "wrong"), v.feedback
     for word in words:
         assert word in v.feedback, (word, v.feedback)
+
+
+def test_the_byte_budget_from_outside():
+    """Lab 04's check of the bytes the kernel counted: nothing without a count, a sparse job's count
+    passes, one dense copy of the large case fails and says what was counted."""
+    from dtrain_lab.grading.checks import lab04 as checks04
+    from dtrain_lab.grading.exercise import Run
+    from dtrain_lab.sandbox import supervisor
+
+    def found(n):
+        return checks04._bytes_from_outside(Run(world_size=2, seed=0, inputs=[], wire_bytes=n))
+
+    dense = 4 * lab04.LARGE
+    assert found(None) == [] and found(100 << 10) == [] and found(checks04.WIRE_BUDGET) == []
+    assert checks04.WIRE_BUDGET < dense // 2            # even a dense fp16 copy of the large case is over
+    got = found(dense)[0]
+    assert "sent each other 1024 KiB" in got["en"] and "1024 KiB" in got["zh"] and "内核" in got["zh"]
+    sent, packets = supervisor.loopback()                # this process's namespace: counters that only grow
+    assert sent >= 0 and packets >= 0
+
+
+@pytest.mark.timeout(300)
+def test_a_dense_exchange_hidden_from_the_trace_is_seen_in_the_bytes():
+    """The dense all-reduce through the process group's C++ method leaves no trace. In the sandbox the
+    job has a network namespace of its own and the kernel counts its bytes; without one (a self-check,
+    ``DTRAIN_CAPS=sandbox=0``) nothing does, and the guide's mode table says that this passes there."""
+    v = grade("lab04.sparse_allreduce", SHORTCUTS / "lab04_sparse_dense_untraced.py", lang="en")
+    if _box() is None:
+        assert not v.passed and v.outcome == "wrong", v.feedback
+        assert "counted by the kernel" in v.feedback and "KiB" in v.feedback, v.feedback
+    else:
+        assert v.passed, v.feedback

@@ -94,6 +94,8 @@ class Run:
     attempts: int = 0                                    # attempts the supervisor started (observed)
     faults: list = field(default_factory=list)           # [(attempt, rank, mark)] its kills that fired (observed)
     ended: dict = field(default_factory=dict)            # rank -> wall time it ended (observed)
+    wire_bytes: int | None = None                        # bytes the ranks sent each other over TCP, every
+                                                         # attempt (observed: bwrap only, else None)
     scenario: dict = field(default_factory=dict)
     elapsed: float = 0.0
 

@@ -322,7 +322,7 @@ def _judge(ex: Exercise, run: Run, res, lang: str, title: str, scenario: dict) -
     run.timeline = {ro.rank: ro.trace for ro in res.ranks}
     run.traces = {ro.rank: trace.calls(ro.trace) for ro in res.ranks}
     run.exits = {ro.rank: ro.code for ro in res.ranks}
-    run.attempts, run.faults = res.attempts, list(res.faults)
+    run.attempts, run.faults, run.wire_bytes = res.attempts, list(res.faults), res.wire_bytes
     run.ended = {ro.rank: ro.ended for ro in res.ranks}
     run.elapsed = res.elapsed
     broken = [ro for ro in res.ranks if "start" not in ro.events and "bwrap:" in ro.stderr]

@@ -30,8 +30,13 @@ HAND_VALUES = [[1.5, -2.0], [0.5, 4.0], [-1.0, 2.5]]
 HAND_INDICES = [[1, 6], [6, 3], [0, 1]]          # rank 0 and rank 1 both chose 6; 1 + 6 = 7: nobody chose 7
 SHARED_INDICES = [2, 5, 11, 14]
 
-SPARSE_CASES = [("hand-made", 8, 2), ("same positions on every rank", 16, 4), ("random", 1000, 10)]
-EF_CASES = [("hand-made", 6, 2, 4), ("random", 200, 10, 4)]    # (name, numel, k, steps)
+# "large": a dense exchange of this case alone sends megabytes, which the kernel's byte counters of the
+# job's network namespace see from outside (checks.lab04._bytes_from_outside); k values and k indices
+# are a few hundred bytes
+LARGE = 1 << 18
+SPARSE_CASES = [("hand-made", 8, 2), ("same positions on every rank", 16, 4), ("random", 1000, 10),
+                ("large", LARGE, 32)]
+EF_CASES = [("hand-made", 6, 2, 4), ("random", 200, 10, 4), ("large", LARGE, 32, 2)]    # (name, numel, k, steps)
 MIN_GAP = 1e-3    # the k-th and (k+1)-th largest magnitudes of every top-k input differ by at least this
 
 
@@ -77,6 +82,7 @@ def make_inputs(seed: int, world: int) -> list[dict]:
             "hand-made": [_values(g, 2), torch.tensor(HAND_INDICES[r % 3])],
             "same positions on every rank": [_values(g, 4), torch.tensor(SHARED_INDICES)],
             "random": [_values(g, 10), torch.randperm(1000, generator=g)[:10]],
+            "large": [_values(g, 32), torch.randperm(LARGE, generator=g)[:32]],
         }
         ef = {name: _ef_grads(seed, name, numel, k, steps, r) for name, numel, k, steps in EF_CASES}
         out.append({"sparse": sparse, "ef": ef})

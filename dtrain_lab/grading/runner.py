@@ -115,6 +115,8 @@ class JobResult:
     job_dir: str = ""
     cgroup: bool = False                  # the job ran in a cgroup of its own (sandbox.cgroup)
     memory_peak: int | None = None        # the job's peak memory, bytes, read from its cgroup (from outside)
+    wire_bytes: int | None = None         # bytes the ranks sent each other over loopback, counted by the kernel
+                                          # in the job's own network namespace (from outside; bwrap only)
 
 
 def _job_root() -> Path:
@@ -285,6 +287,8 @@ _STATUS_FIELDS = {
     "error": lambda v: isinstance(v, str),
     "mark": lambda v: isinstance(v, str) and len(v) <= 64,
     "port": lambda v: type(v) is int,
+    "bytes": lambda v: type(v) is int and v >= 0,
+    "packets": lambda v: type(v) is int and v >= 0,
 }
 
 
@@ -442,6 +446,7 @@ def _read_back(spec: JobSpec, job_dir: Path, res: JobResult, wall0: float) -> No
     last = res.attempts - 1
     res.faults = [(s.get("attempt"), s.get("rank"), s.get("mark")) for s in status
                   if s["event"] == "fault" and {"attempt", "rank", "mark"} <= set(s)]
+    res.wire_bytes = next((s["bytes"] for s in status if s["event"] == "wire" and "bytes" in s), None)
     exits = {s["rank"]: s for s in status if s["event"] == "exit" and s.get("attempt") == last and "rank" in s}
     killed = {s["rank"]: s for s in status if s["event"] == "killed" and s.get("attempt") == last and "rank" in s}
     res.start_error = res.start_error or next((s.get("error", "") for s in status if s.get("event") == "start_failed"), "")

@@ -16,6 +16,15 @@ SIGKILLs the rank from outside, and records it (``"event": "fault"``). The rank 
 or make it count as another attempt: a rank that never writes the mark is never killed, and the
 verdict, which reads the faults and attempts from ``status.jsonl``, says that the fault never fired.
 
+Bytes from outside (``plan["mode"] == "bwrap"``): the ranks share the outer sandbox's network
+namespace, and only they and this process are in it, so the loopback counters of that namespace
+(``/proc/self/net/dev``) count every byte they sent each other over TCP (``torch.distributed``, the
+rendezvous store, a socket of their own), headers included. A rank cannot reset or lower them (it has
+no capability over this namespace). This process reads them before the first rank starts and after
+the last one ended, and records the difference (``"event": "wire"``). Without a sandbox the namespace
+is the host's, shared with everything else, and nothing is recorded. What they do not see: files in
+``/shared`` and Unix sockets.
+
 It is a child subreaper (:mod:`dtrain_lab.sandbox.contain`): without a sandbox, whatever a rank
 starts stays in its tree, and is killed with the attempt. The grader never trusts what the ranks say
 about how they ended: exit codes and times come from here.
@@ -102,6 +111,27 @@ def _fire(plan: dict, attempt: int, procs: dict, pending: list, status) -> None:
             _status(status, event="fault", attempt=attempt, rank=r, mark=fault["mark"])
 
 
+def loopback() -> tuple[int, int] | None:
+    """``(bytes, packets)`` sent on ``lo`` in this process's network namespace so far, or None."""
+    try:
+        with open("/proc/self/net/dev") as f:
+            for line in f:
+                name, _, counters = line.partition(":")
+                if name.strip() == "lo":
+                    fields = counters.split()
+                    return int(fields[8]), int(fields[9])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _end(status, ok: bool, wire0) -> None:
+    wire1 = loopback() if wire0 is not None else None
+    if wire1 is not None:
+        _status(status, event="wire", bytes=wire1[0] - wire0[0], packets=wire1[1] - wire0[1])
+    _status(status, event="end", ok=ok)
+
+
 def _hold(path: str, seconds: float = 30.0) -> None:
     """Wait until the grader has put this process in the job's cgroup (it then creates ``path``):
     every rank started after that is born inside."""
@@ -116,6 +146,7 @@ def run(plan: dict) -> int:
     status = plan["status"]
     world = plan["world"]
     cap = enter.last_cap()
+    wire0 = loopback() if plan["mode"] == "bwrap" else None
     for attempt in range(plan["max_restarts"] + 1):
         port = plan.get("port_base", 0) + attempt if plan.get("port_base") else _free_port()
         _status(status, event="attempt", attempt=attempt, port=port)
@@ -126,7 +157,7 @@ def run(plan: dict) -> int:
             except OSError as exc:   # the grader's machine, not the submission: the grade is an error
                 _status(status, event="start_failed", attempt=attempt, rank=r, error=f"{type(exc).__name__}: {exc}"[:500])
                 _kill_all(list(procs.values()))
-                _status(status, event="end", ok=False)
+                _end(status, False, wire0)
                 return 1
             _ranks.append(procs[r])
             _status(status, event="started", attempt=attempt, rank=r)
@@ -157,9 +188,9 @@ def run(plan: dict) -> int:
         if failed:
             if attempt < plan["max_restarts"]:
                 continue
-            _status(status, event="end", ok=False)
+            _end(status, False, wire0)
             return 1
-        _status(status, event="end", ok=True)
+        _end(status, True, wire0)
         return 0
     return 1
 

@@ -120,6 +120,23 @@ def _no_summed_indices_or_dense(dense_sizes):
     return check
 
 
+WIRE_BUDGET = 256 << 10   # bytes: every honest solution sends under 100 KiB (the rendezvous and gloo's own
+                          # handshakes included); one dense copy of the large case is 1 MiB
+
+
+def _bytes_from_outside(run):
+    """The bytes the ranks sent each other, counted by the kernel in the job's own network namespace
+    (``Run.wire_bytes``: the sandbox's loopback counters, read by the supervisor after every rank
+    ended). A dense exchange of the large case sends megabytes whichever call it goes through, traced
+    or not (a ``ProcessGroup`` method, a socket of its own); k values and k indices send hundreds of
+    bytes. Without a sandbox (None) there is nothing to count; NCCL on one GPU node moves its bytes
+    over shared memory or NVLink, unseen here, so a count can only ever be too low, never too high."""
+    if run.wire_bytes is None or run.wire_bytes <= WIRE_BUDGET:
+        return []
+    return [problem("lab04_wire_bytes", got=run.wire_bytes >> 10, budget=WIRE_BUDGET >> 10,
+                    numel=contract.LARGE, dense=(contract.LARGE * 4) >> 10)]
+
+
 def _explain_gather(outcome: str, feedback: str, source: str) -> list:
     """A crash or hang in all-gather (gloo: "Received data size doesn't match expected size"): most
     often ranks that pass tensors of different sizes."""
@@ -194,12 +211,14 @@ def _check_ef(run, rank, result):
 EXERCISES = [
     Exercise(id="lab04.sparse_allreduce", lab=LAB, filename="lab04_sparse_allreduce.py", timeout=20,
              title=rendered("lab04_title_sparse_allreduce"),
-             checks=[_check_sparse], job_checks=[_no_summed_indices_or_dense({n for _, n, _ in contract.SPARSE_CASES})],
-             pattern_checks=[patterns.sparse(max(k for _, _, k in contract.SPARSE_CASES))],
+             checks=[_check_sparse],
+             job_checks=[_no_summed_indices_or_dense({n for _, n, _ in contract.SPARSE_CASES})],
+             pattern_checks=[patterns.sparse(max(k for _, _, k in contract.SPARSE_CASES)), _bytes_from_outside],
              explain=_explain_gather, world_sizes=(2, 3), make_inputs=contract.make_inputs, hide=HIDE),
     Exercise(id="lab04.topk_ef", lab=LAB, filename="lab04_topk_ef.py", timeout=20,
              title=rendered("lab04_title_topk_ef"),
-             checks=[_check_ef], job_checks=[_no_summed_indices_or_dense({n for _, n, _, _ in contract.EF_CASES})],
-             pattern_checks=[patterns.sparse(max(k for _, _, k, _ in contract.EF_CASES))],
+             checks=[_check_ef],
+             job_checks=[_no_summed_indices_or_dense({n for _, n, _, _ in contract.EF_CASES})],
+             pattern_checks=[patterns.sparse(max(k for _, _, k, _ in contract.EF_CASES)), _bytes_from_outside],
              explain=_explain_gather, world_sizes=(2, 3), make_inputs=contract.make_inputs, hide=HIDE),
 ]
