@@ -93,6 +93,11 @@ def flat_params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
 
 
+def raw(a: nn.Module | dict) -> dict:
+    """The parameters themselves (for tests/test_zero.py, which computes its own reference)."""
+    return {k: v.float().tolist() for k, v in (a if isinstance(a, dict) else a.state_dict()).items()}
+
+
 def max_diff(a: nn.Module | dict, b: nn.Module) -> float:
     sa = a if isinstance(a, dict) else a.state_dict()
     return max((sa[k].float() - v.float()).abs().max().item() for k, v in b.state_dict().items())
@@ -151,7 +156,7 @@ def main() -> None:
                 "state_numel": opt.optimizer_state_numel(), "comm_bytes": opt.comm_bytes,
                 "traced": traced(tr), "calls": opt.comm_calls,
                 "peak_grad_numel": opt.peak_grad_numel,
-                "checksum": flat_params(model).sum().item()}
+                "checksum": flat_params(model).sum().item(), "params": raw(model)}
     runtime.report(stage12=s12)
 
     # 2. stage 1 against torch.distributed.optim.ZeroRedundancyOptimizer ---------------------------
@@ -191,7 +196,7 @@ def main() -> None:
                 else:
                     norms.append(clip_grad_norm_per_shard_WRONG(opt, clip).item())
                 opt.step()
-            clipping[f"{how}/{stage}"] = {"norms": norms, "max_diff": max_diff(model, ref)}
+            clipping[f"{how}/{stage}"] = {"norms": norms, "max_diff": max_diff(model, ref), "params": raw(model)}
     runtime.report(clipping=clipping)
 
     # 4. bf16 parameters, fp32 master shard ---------------------------------------------------------
@@ -226,7 +231,8 @@ def main() -> None:
             norms.append(z.clip_grad_norm_(0.5).item())
             z.step()
     comm = z.comm_bytes                      # before gather_full_state_dict adds its own all-gathers
-    s3["net"] = {"max_diff": max_diff(z.gather_full_state_dict(), ref), "norms": norms, "ref_norms": ref_norms,
+    gathered = z.gather_full_state_dict()
+    s3["net"] = {"max_diff": max_diff(gathered, ref), "norms": norms, "ref_norms": ref_norms, "params": raw(gathered),
                  "units": [(u.name, u.flat.numel, u.flat.shard_numel) for u in z.units],
                  "state_bytes": z.state_bytes(), "state_numel": z.optimizer_state_numel(),
                  "comm_bytes": comm, "traced": traced(tr), "calls": z.comm_calls,
@@ -243,7 +249,7 @@ def main() -> None:
         z.step()
     comm = z.comm_bytes
     gathered = z.gather_full_state_dict()
-    s3["tiny"] = {"max_diff": max_diff(gathered, ref),
+    s3["tiny"] = {"max_diff": max_diff(gathered, ref), "params": raw(gathered),
                   "diff_by_key": {k: (gathered[k] - v).abs().max().item() for k, v in ref.state_dict().items()},
                   "units": [(u.name, u.flat.numel, u.flat.shard_numel) for u in z.units],
                   "numel": sum(p.numel() for p in tiny.parameters()),
