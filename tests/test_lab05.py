@@ -1,4 +1,5 @@
-"""Lab 05 (a ZeRO-1 optimizer): every learner stub is "not yet" (tests/test_learner_copies.py), plausible wrong answers fail with feedback
+"""Lab 05 (a ZeRO-1 optimizer): every learner stub is "not yet"
+(tests/test_learner_copies.py), plausible wrong answers fail with feedback
 in the learner's language, and the grader's references and hints are what they claim to be.
 
 Solutions and stubs come from the lab's source, solutions/_source/lab_05_zero.md; wrong answers live in

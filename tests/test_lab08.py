@@ -1,4 +1,5 @@
-"""Lab 08 (the 1F1B pipeline schedule): every learner stub is "not yet" (tests/test_learner_copies.py), plausible wrong answers fail with
+"""Lab 08 (the 1F1B pipeline schedule): every learner stub is "not yet"
+(tests/test_learner_copies.py), plausible wrong answers fail with
 feedback in the learner's language, and the grader's reference is PyTorch's own 1F1B order.
 
 Solutions and stubs come from the lab's source, solutions/_source/lab_08_pipeline.md; wrong answers live

@@ -1,4 +1,5 @@
-"""Lab 13 (ring attention, MoE dispatch and combine): every learner stub is "not yet" (tests/test_learner_copies.py), and wrong answers
+"""Lab 13 (ring attention, MoE dispatch and combine): every learner stub is "not yet"
+(tests/test_learner_copies.py), and wrong answers
 fail with feedback in the learner's language.
 
 Solutions and stubs come from solutions/_source/lab_13_context_expert.md; wrong submissions live in
