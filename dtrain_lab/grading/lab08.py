@@ -254,8 +254,9 @@ class _Counted(torch.nn.Module):
 def train(schedule_1f1b, run_stage) -> dict:
     """Driver of exercise 2 (rank = stage): ``STEPS`` SGD steps; in each, ``run_stage`` runs this
     stage's actions of ``schedule_1f1b(world, M)`` on the step's micro-batches (the inputs on stage 0,
-    the targets on the last stage, each stage's starting weights on its own rank: each only there), then the driver steps the optimizer. Returns
-    the parameters after every step, the losses and the peak number of micro-batches alive."""
+    the targets on the last stage, each stage's starting weights on its own rank: each only there),
+    then the driver steps the optimizer. Returns the parameters after every step, the losses and the
+    peak number of micro-batches alive."""
     rank, world = contract.rank_and_world()
     mine = contract.mine(make_inputs)
     stage = _Counted(stage_layers(lab_model(), rank, world))

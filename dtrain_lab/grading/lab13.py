@@ -26,7 +26,7 @@ from dtrain_lab.grading import contract
 
 LAB = "lab_13"
 BATCH, HEADS, TOKENS, HEAD_DIM = 1, 2, 4, 8     # exercise 1: each rank's shard (batch, heads, tokens, head_dim)
-EXPERTS_PER_RANK, D = 2, 4                      # exercise 2
+EXPERTS_PER_RANK, D = 2, 256                    # exercise 2
 
 
 # ------------------------------------------------------------------ private inputs

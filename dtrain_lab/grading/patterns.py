@@ -12,6 +12,10 @@ submission that forges it is not caught here: these checks catch shortcuts writt
 which is what a learner who skips the technique writes. What is proven from outside the rank, and
 what is not, is in the instructor guide's table.
 
+One check is not read from the trace: :func:`bytes_at_most` reads ``Run.wire_bytes``, the bytes the
+ranks sent each other as the kernel counted them in the job's own network namespace (under the
+sandbox only), so a dense exchange or moved weights are seen whichever call sent them.
+
 Helpers: :func:`moves` (every message a rank sent or received, collectives and point-to-point, with
 its element count), :func:`data_collectives`.
 """
@@ -185,4 +189,20 @@ def pipeline(microbatches: int, act_elements: int):
                     return [problem("pattern_pipe_messages", rank=rank, direction=way, peer=peer,
                                     n=len(sizes), want=microbatches, elements=act_elements)]
         return []
+    return check
+
+
+def bytes_at_most(budget: int, key: str, **fields):
+    """The ranks sent each other at most ``budget`` bytes (``Run.wire_bytes``: the kernel's loopback
+    counters of the job's own network namespace, read by the supervisor after every rank ended; TCP
+    headers, the rendezvous and gloo's handshakes included). Else the catalogue message ``key`` with
+    ``got`` and ``budget`` in KiB and ``fields``. Without a sandbox there is no count (None) and
+    nothing to check; NCCL on one GPU node moves its bytes over shared memory or NVLink, which are
+    not counted, so a count is only ever too low, never too high: an honest job cannot fail here by
+    the transport it ran on."""
+    def check(run):
+        got = getattr(run, "wire_bytes", None)
+        if got is None or got <= budget:
+            return []
+        return [problem(key, got=got >> 10, budget=budget >> 10, **fields)]
     return check

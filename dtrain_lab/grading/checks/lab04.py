@@ -120,21 +120,12 @@ def _no_summed_indices_or_dense(dense_sizes):
     return check
 
 
-WIRE_BUDGET = 256 << 10   # bytes: every honest solution sends under 100 KiB (the rendezvous and gloo's own
+WIRE_BUDGET = 256 << 10   # bytes: every honest solution sends under 110 KiB (the rendezvous and gloo's own
                           # handshakes included); one dense copy of the large case is 1 MiB
-
-
-def _bytes_from_outside(run):
-    """The bytes the ranks sent each other, counted by the kernel in the job's own network namespace
-    (``Run.wire_bytes``: the sandbox's loopback counters, read by the supervisor after every rank
-    ended). A dense exchange of the large case sends megabytes whichever call it goes through, traced
-    or not (a ``ProcessGroup`` method, a socket of its own); k values and k indices send hundreds of
-    bytes. Without a sandbox (None) there is nothing to count; NCCL on one GPU node moves its bytes
-    over shared memory or NVLink, unseen here, so a count can only ever be too low, never too high."""
-    if run.wire_bytes is None or run.wire_bytes <= WIRE_BUDGET:
-        return []
-    return [problem("lab04_wire_bytes", got=run.wire_bytes >> 10, budget=WIRE_BUDGET >> 10,
-                    numel=contract.LARGE, dense=(contract.LARGE * 4) >> 10)]
+# a dense exchange of the large case sends a megabyte whichever call it goes through, traced or not
+# (a ProcessGroup method, a socket of its own); k values and k indices send hundreds of bytes
+_bytes_from_outside = patterns.bytes_at_most(WIRE_BUDGET, "lab04_wire_bytes", numel=contract.LARGE,
+                                             dense=(contract.LARGE * 4) >> 10)
 
 
 def _explain_gather(outcome: str, feedback: str, source: str) -> list:

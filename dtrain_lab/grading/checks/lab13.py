@@ -124,6 +124,10 @@ def _explain_moe(outcome: str, feedback: str, source: str) -> list:
     return []
 
 
+WIRE_BUDGET = 256 << 10   # bytes: dispatching and combining the tokens sends under 80 KiB (rendezvous and
+                          # handshakes included); one expert's (D, D) float64 weights alone are 512 KiB
+EXPERT_BYTES = contract.D * contract.D * 8
+
 EXERCISES = [
     Exercise(id="lab13.ring_attention", lab=LAB, filename="lab13_ring_attention.py", timeout=20,
              title=rendered("lab13_title_ring_attention"),
@@ -133,6 +137,7 @@ EXERCISES = [
     Exercise(id="lab13.dispatch_combine", lab=LAB, filename="lab13_dispatch_combine.py", timeout=20,
              title=rendered("lab13_title_dispatch_combine"),
              checks=[_check_moe], explain=_explain_moe, world_sizes=(2, 3), make_inputs=contract.make_inputs,
-             pattern_checks=[patterns.all_to_all],
+             pattern_checks=[patterns.all_to_all,
+                             patterns.bytes_at_most(WIRE_BUDGET, "lab13_wire_bytes", expert=EXPERT_BYTES >> 10)],
              hide=HIDE, consistent_collectives=False),   # uneven splits: the ranks' All-to-Alls differ in size
 ]

@@ -1,7 +1,8 @@
 """Attack (issue 13): 1F1B without a single send or recv. Each rank runs the WHOLE model itself,
 keeping a private copy of the other stage (trained with the same SGD), and fills in the data it
 does not hold (stage 0 lacks the targets, stage 1 the inputs) with the practice data that
-``make_inputs`` gives anyone (the other stage's starting weights too). Where every rank's data were public (the practice seed) this gives
+``make_inputs`` gives anyone (the other stage's starting weights too). Where every rank's data were
+public (the practice seed) this gives
 exactly the right parameters and losses; under the grader the inputs and targets are drawn for
 every grade and private to their rank, so the practice stand-ins are wrong and so is the result."""
 import torch
