@@ -57,6 +57,13 @@ def data_collectives(calls: list[dict]) -> list[dict]:
     return [c for c in calls if c.get("op") in DATA_COLLECTIVES]
 
 
+def _no_collective(rank: int, calls: list[dict], key: str) -> list:
+    """For the point-to-point techniques (the ring, the pipeline): ``key`` names the first collective
+    that moved data instead."""
+    gathered = data_collectives(calls)
+    return [problem(key, rank=rank, op=gathered[0]["op"])] if gathered else []
+
+
 # ------------------------------------------------------------------ lab 13, exercise 1: the ring
 def ring(block_elements):
     """Ring attention: K/V blocks travel from rank to rank, one block per step, to the next rank and
@@ -66,9 +73,9 @@ def ring(block_elements):
     def check(run):
         p = run.world_size
         for rank, calls in sorted(run.traces.items()):
-            gathered = data_collectives(calls)
-            if gathered:
-                return [problem("pattern_ring_collective", rank=rank, op=gathered[0]["op"])]
+            found = _no_collective(rank, calls, "pattern_ring_collective")
+            if found:
+                return found
             block = block_elements(run, rank)
             msgs = point_to_point(calls)
             right, left = (rank + 1) % p, (rank - 1) % p
@@ -173,9 +180,9 @@ def pipeline(microbatches: int, act_elements: int):
     def check(run):
         p = run.world_size
         for rank, calls in sorted(run.traces.items()):
-            gathered = data_collectives(calls)
-            if gathered:
-                return [problem("pattern_pipe_collective", rank=rank, op=gathered[0]["op"])]
+            found = _no_collective(rank, calls, "pattern_pipe_collective")
+            if found:
+                return found
             msgs = point_to_point(calls)
             want = []
             if rank < p - 1:
