@@ -27,8 +27,13 @@ process different tokens anyway, which is what an MoE layer dispatches). So ``ep
 ``dp · cp``; the ranks that hold the *same* experts form the expert-data-parallel group ``edp``
 (``dp · cp / ep`` ranks) over which expert gradients are averaged, while dense gradients are
 averaged over all ``dp · cp`` ranks (CP ranks hold the same weights and see different tokens).
-torchtitan makes the same choice ("EP borrows all cp and some dp_shard degree"; its ``etp = 1``
-variant borrows tp as well), as does Megatron-LM's expert-data-parallel group. EP cannot share PP
+torchtitan's ``ParallelDims._validate`` (``torchtitan/distributed/parallel_dims.py``) is stricter:
+with ``etp == tp``, "# EP would borrow all cp and some dp_shard degree" and
+``assert ep % cp == 0 and (dp_shard * cp) % ep == 0``; with ``etp == 1``, "# EP would borrow all cp
+and tp and some dp_shard degree" and ``assert ep % (cp * tp) == 0 and (dp_shard * cp * tp) % ep == 0``.
+This course accepts any ``ep`` dividing ``dp · cp``, ``ep < cp`` included (an EP group is then part of
+a CP group): more general than torchtitan, and the same idea as Megatron-LM's expert-data-parallel
+group. EP cannot share PP
 ranks (different stages hold different layers) and here does not share TP (experts are not
 tensor-sharded).
 

@@ -248,22 +248,27 @@ def _stage_memory(cfg, dims, s, measured, tokens, m, zero, precision, act_ckpt, 
             vals[0] = measured[kinds[0]][name + suffix + "_first"]
         return vals
 
-    def held(suffix: str) -> int:
+    def held(suffix: str, peak: str = "peak_bytes") -> int:
         """Bytes of activations at the stage's high-water mark: k − 1 earlier micro-batches whole (each
         saved tensor's storage once, plus the output kept for the next stage), and the current one in
         its last block: the other blocks' saved tensors and that block's own peak (saved tensors,
-        output and its gradient, temporaries, a gradient before it is added to .grad)."""
+        output and its gradient, temporaries, a gradient before it is added to .grad).
+        ``peak="peak_bytes_kept"``: that block's peak without the attention-score temporaries."""
         saved = per_block("saved_storage_bytes", suffix)
         mb_bytes = sum(saved) + (0 if last else act)
-        return (k - 1) * mb_bytes + sum(saved[:-1]) + per_block("peak_bytes", suffix)[-1] + (act if last else 0)
+        return (k - 1) * mb_bytes + sum(saved[:-1]) + per_block(peak, suffix)[-1] + (act if last else 0)
 
     out.update(in_flight=k, activations_per_microbatch=sum(per_block("activation_bytes", "")) + end,
                activations_no_ckpt=held(""), activations_ckpt=held("_ckpt"))
     out["activations"] = out["activations_ckpt"] if act_ckpt else out["activations_no_ckpt"]
+    # the same high-water mark if attention were a fused kernel that never holds a chunk pair's scores
+    out["activations_fused"] = held("_ckpt" if act_ckpt else "", "peak_bytes_kept")
     # gradients exist at the high-water mark once a backward has run: when m > k (1F1B steady state,
     # or a later micro-batch of gradient accumulation)
     grads_then = out["grads"] if m > k else 0
-    out["peak"] = out["params"] + grads_then + out["optimizer"] + out["activations"]
+    states = out["params"] + grads_then + out["optimizer"]
+    out["peak"] = states + out["activations"]
+    out["peak_fused"] = states + out["activations_fused"]
     return out
 
 

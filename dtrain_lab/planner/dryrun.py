@@ -139,11 +139,20 @@ def _fake_pass(block, cfg: ModelConfig, tokens, dtype, ckpt: bool, input_grad: b
                 storages[st._cdata] = st.nbytes()                 # memory: each storage once
             return t
 
+        # the attention scores of a chunk pair, (..., n, n) with n = seq/(2·cp) (zig-zag chunks), and the
+        # causal mask of a diagonal pair: temporaries of this course's unfused ring, which a fused
+        # (flash) kernel keeps only as tiles; left out of peak_bytes_kept (ambiguous, so never left
+        # out, when a chunk is as long as a head)
+        chunk, head_dim = tokens[1] // 2, cfg.d_model // cfg.n_heads
+
+        def scores(t) -> bool:
+            return chunk != head_dim and t.dim() >= 2 and t.shape[-1] == t.shape[-2] == chunk
+
         transient = 0
         for _ in range(2):            # the second pass finds last pass's gradients and accumulates into them
             saved.clear()
             storages.clear()
-            with CommDebugMode() as cdm, PeakMemory(block) as mem:
+            with CommDebugMode() as cdm, PeakMemory(block, exclude=scores) as mem:
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     y = checkpoint(block, x, use_reentrant=False) if ckpt else block(x)
                 saved_end = mem.now           # what the forward left alive: gradients, saved tensors, y
@@ -153,10 +162,11 @@ def _fake_pass(block, cfg: ModelConfig, tokens, dtype, ckpt: bool, input_grad: b
                 del y
             transient = max(transient, mem.peak - saved_end)
             peak = mem.peak - mem.start                       # the block's own high-water mark
+            peak_kept = mem.peak_kept - mem.start             # the same without the score temporaries
     counts = {str(k).split(".")[-1]: v for k, v in cdm.get_comm_counts().items()}
     suffix = ("_ckpt" if ckpt else "") + ("" if input_grad else "_first")
     # transient: the most the block holds beyond what the forward left alive (the largest temporary
     # of its forward or backward, the output's gradient, a new gradient before it is added to .grad)
     return {"activation_bytes" + suffix: sum(saved.values()), "collectives" + suffix: counts,
             "transient_bytes" + suffix: max(0, transient), "saved_storage_bytes" + suffix: sum(storages.values()),
-            "peak_bytes" + suffix: peak}
+            "peak_bytes" + suffix: peak, "peak_bytes_kept" + suffix: peak_kept}
