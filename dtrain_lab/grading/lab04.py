@@ -52,10 +52,10 @@ def _ef_ok(grads: torch.Tensor, k: int) -> bool:
     residual = torch.zeros(grads.shape[1])
     for g in grads:
         x = g + residual
-        mags = x.abs().sort(descending=True).values
+        mags, idx = x.abs().topk(min(k + 1, len(x)))
         if len(mags) > k and float(mags[k - 1] - mags[k]) < MIN_GAP:
             return False
-        idx = x.abs().topk(k).indices
+        idx = idx[:k]
         residual = x.clone()
         residual[idx] = 0
     return True
