@@ -9,6 +9,11 @@ every parameter's gradient (shards All-Gathered back). Collectives are counted w
 ``CommDebugMode``, separately for forward and backward. Then the same MLP through PyTorch's
 ``parallelize_module(ColwiseParallel, RowwiseParallel)`` on a 1-D CPU device mesh. :func:`facts` also
 runs in a single process (world of one: nothing to split, no collective).
+
+Besides its own comparisons (printed by the lesson), every layer reports its raw numbers under ``raw``:
+this rank's output, input gradient and parameter gradients (its shards, not gathered), as lists of
+floats. ``tests/test_tensor_parallel.py`` builds its own unsplit reference from :func:`inputs` and
+checks those, so the test does not depend on the comparisons made here.
 """
 from __future__ import annotations
 
@@ -48,6 +53,17 @@ def _cmp(a: torch.Tensor, b: torch.Tensor) -> dict:
     return {"equal": same_shape and torch.equal(a, b), "max_abs_diff": diff, "shape": list(a.shape)}
 
 
+def _raw(t: torch.Tensor) -> list:
+    """The numbers themselves, for tests/test_tensor_parallel.py (which computes its own reference)."""
+    return t.detach().float().cpu().tolist()
+
+
+def _raw_layer(out: torch.Tensor, grad_input: torch.Tensor, module: nn.Module) -> dict:
+    """This rank's output, input gradient and every parameter's gradient, as this rank holds them."""
+    return {"out": _raw(out), "grad_input": _raw(grad_input),
+            "grads": {n: _raw(p.grad) for n, p in module.named_parameters()}}
+
+
 def _run(module, x, probe):
     """Forward + backward with a fixed random projection of the output (so every gradient is non-trivial);
     collectives counted separately in each direction."""
@@ -70,6 +86,7 @@ def _compare_module(full: nn.Module, tp: nn.Module, x, probe, shard_dims: dict, 
     x_in = x if x_slice is None else x[..., x_slice[0]:x_slice[1]]
     probe_t = probe if out_slice is None else probe[..., out_slice[0]:out_slice[1]]
     out_t, gx_t, fwd, bwd = _run(tp, x_in, probe_t)
+    raw = _raw_layer(out_t, gx_t, tp)
     if out_slice is not None:
         out_f = out_f[..., out_slice[0]:out_slice[1]]
     if x_slice is not None:
@@ -78,21 +95,29 @@ def _compare_module(full: nn.Module, tp: nn.Module, x, probe, shard_dims: dict, 
     grads = {name: _cmp(_full_grad(tp_params[name], shard_dims[name], group), p.grad)
              for name, p in full.named_parameters()}
     return {"out": _cmp(out_t, out_f), "grad_input": _cmp(gx_t, gx_f), "grads": grads,
-            "forward": fwd, "backward": bwd}
+            "forward": fwd, "backward": bwd, "raw": raw}
 
 
-def facts(group=None, device="cpu") -> dict:
-    """Every comparison on this rank; ``device`` is where the layers run (``cuda:<local_rank>`` with nccl)."""
-    tp, rank = (dist.get_world_size(group), dist.get_rank(group)) if dist.is_initialized() else (1, 0)
-    with seeded(0):   # drawn on the CPU, so every device starts from the same numbers
+def inputs() -> dict:
+    """The data and the full layers, drawn from seed 0 on the CPU, so every rank and device starts from the
+    same numbers (``probe_*``: the fixed projections of the outputs that make the losses)."""
+    with seeded(0):
         x = torch.randn(BATCH, SEQ, D)
         lin_col, lin_row = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
         probe_col, probe_d = torch.randn(BATCH, SEQ, 4 * D), torch.randn(BATCH, SEQ, D)
         h = torch.randn(BATCH, SEQ, 4 * D)
         mlp = MLP2()
         block = Block(D, HEADS)
-    x, probe_col, probe_d, h = (t.to(device) for t in (x, probe_col, probe_d, h))
-    lin_col, lin_row, mlp, block = (m.to(device) for m in (lin_col, lin_row, mlp, block))
+    return {"x": x, "lin_col": lin_col, "lin_row": lin_row, "probe_col": probe_col, "probe_d": probe_d,
+            "h": h, "mlp": mlp, "block": block}
+
+
+def facts(group=None, device="cpu") -> dict:
+    """Every comparison on this rank; ``device`` is where the layers run (``cuda:<local_rank>`` with nccl)."""
+    tp, rank = (dist.get_world_size(group), dist.get_rank(group)) if dist.is_initialized() else (1, 0)
+    data = {k: v.to(device) for k, v in inputs().items()}
+    x, probe_col, probe_d, h = data["x"], data["probe_col"], data["probe_d"], data["h"]
+    lin_col, lin_row, mlp, block = data["lin_col"], data["lin_row"], data["mlp"], data["block"]
     out: dict = {"tp": tp, "rank": rank}
 
     # column-parallel, without and with gather_output
@@ -151,7 +176,7 @@ def facts(group=None, device="cpu") -> dict:
         tp_name = f"{rename[mod]}.{w}"
         grads[name] = _cmp(_full_grad(tp_params[tp_name], dims_block[tp_name], group), p.grad)
     out["block"] = {"out": _cmp(out_t, out_f), "grad_input": _cmp(gx_t, gx_f), "grads": grads,
-                    "forward": fwd, "backward": bwd,
+                    "forward": fwd, "backward": bwd, "raw": _raw_layer(out_t, gx_t, tp_block),
                     "param_bytes_full": sum(p.numel() * p.element_size() for p in full_block.parameters()),
                     "param_bytes_rank": sum(p.numel() * p.element_size() for p in tp_block.parameters())}
 
@@ -191,7 +216,10 @@ def _torch_dtensor(mlp: nn.Module, x, probe, ours: dict, group) -> dict:
            "grad_input_vs_ours": _cmp(gx_t, gx_o), "grad_input_vs_full": _cmp(gx_t, gx_f),
            "local_grads_vs_ours": {n: _cmp(p.grad.to_local(), ours_p[n].grad) for n, p in tmlp.named_parameters()},
            "local_weights_vs_ours": {n: _cmp(local[n], ours_p[n]) for n in local},
-           "forward": fwd, "backward": bwd}
+           "forward": fwd, "backward": bwd,
+           "raw": {"out": _raw(out_t), "grad_input": _raw(gx_t),
+                   "grads": {n: _raw(p.grad.to_local()) for n, p in tmlp.named_parameters()},
+                   "weights": {n: _raw(t) for n, t in local.items()}}}
     return res
 
 
