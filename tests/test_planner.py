@@ -190,3 +190,96 @@ def test_widget_moves_with_the_layout(capsys):
     ctl["tp"].value = 8                           # 8 × 2 does not divide 8 ranks: the error, not a traceback
     shown = "".join(o.get("text", "") for o in box.children[-1].outputs) or capsys.readouterr().out
     assert "tp × pp × cp = 8 × 2 × 1 = 16" in shown and "Traceback" not in shown
+
+
+# ------------------------------------------------------------------------------- issue 23 §2: the planner
+def _one_f_one_b(pp: int, s: int, m: int) -> list[tuple[int, bool]]:
+    """Megatron-LM's non-interleaved 1F1B on stage ``s``, played out: at every backward, the micro-batches
+    in flight and whether a gradient exists yet (allocated lazily by the first backward)."""
+    warmup = min(pp - s - 1, m)
+    order = ["F"] * warmup + ["F", "B"] * (m - warmup) + ["B"] * warmup
+    in_flight, grads, seen = 0, False, []
+    for op in order:
+        if op == "F":
+            in_flight += 1
+        else:
+            seen.append((in_flight, grads))
+            in_flight, grads = in_flight - 1, True
+    return seen
+
+
+@pytest.mark.parametrize("pp,m", [(2, 1), (2, 2), (2, 4), (4, 2), (4, 4), (4, 6)])
+def test_peak_moments_follow_the_1f1b_schedule(pp, m):
+    p = plan("tiny-dense", world_size=pp, pp=pp, seq_len=8, precision="fp32", microbatches=m)
+    for st in p.memory["per_stage"]:
+        seen = _one_f_one_b(pp, st["stage"], m)
+        without = max(n for n, g in seen if not g)              # the first backward
+        with_grads = max((n for n, g in seen if g), default=0)  # every later one (0: after the only backward)
+        want = {"first": without, "after": with_grads} if with_grads < without else {"steady": with_grads}
+        assert st["moments_in_flight"] == want, (pp, m, st["stage"])
+
+
+def test_stage0_peak_holds_the_gradients_when_m_equals_pp():
+    # m = pp: right after stage 0's first backward the gradients of all its parameters exist (.grad is
+    # allocated by that backward) and pp − 1 micro-batches are still in flight, each keeping at least the
+    # (tokens, d) output it sent to stage 1 for that stage's gradient. Short sequences make the gradients
+    # outweigh a micro-batch's activations, so the first backward's moment (no gradients, pp in flight:
+    # the only one the planner used to count) is not the peak.
+    pp, seq, d = 2, 4, 32
+    p = plan("tiny-dense", world_size=pp, pp=pp, seq_len=seq, precision="fp32", microbatches=pp)
+    st = p.memory["per_stage"][0]
+    floor = st["params"] + st["grads"] + st["optimizer"] + (pp - 1) * seq * d * 4
+    assert st["peak"] >= floor
+    assert st["moments"]["first"] < floor                        # the old formula's figure
+    assert st["peak_moment"] == "after" and st["peak_grads"] == st["grads"]
+    resident = plan("tiny-dense", world_size=pp, pp=pp, seq_len=seq, precision="fp32", microbatches=pp,
+                    grads_resident=True).memory["per_stage"][0]
+    assert resident["peak"] == resident["moments"]["resident"] >= max(st["moments"].values())
+
+
+def test_every_peak_that_has_gradients_contains_the_row():
+    p = plan("llama3-405b", world_size=16384, tp=8, cp=16, pp=16, seq_len=131072, microbatches=16, act_ckpt=True)
+    for st in p.memory["per_stage"]:
+        states = st["params"] + st["optimizer"]
+        assert st["peak"] == max(st["moments"].values())
+        assert st["peak"] == states + st["peak_grads"] + st["activations"]
+    assert p.memory["per_stage"][0]["peak_grads"] == p.memory["grads"]   # m = pp: stage 0 after its first backward
+
+
+def test_interleaved_schedule_and_llama3_split():
+    p1 = plan("llama3-8b", microbatches=8, seq_len=1024, world_size=64, tp=8, pp=8)
+    p2 = plan("llama3-8b", microbatches=8, seq_len=1024, world_size=64, tp=8, pp=8, virtual_stages=2)
+    # Narayanan et al. 2021, section 2.2.2: the bubble is (p − 1)/v micro-batch slots against m of work
+    assert p1.time["bubble"] == pytest.approx(7 / (8 + 7))
+    assert p2.time["bubble"] == pytest.approx((7 / 2) / (8 + 7 / 2))
+    assert p2.comm["pp"]["calls"] == 2 * p1.comm["pp"]["calls"] + 8   # stage 0 also sends its gradients once
+    assert p2.time["mfu"] > p1.time["mfu"]
+    # Llama 3: one layer fewer on the first and the last stage (126 layers + 2 over 16 stages: 7, 8 × 14, 7)
+    assert [len(stage_layers(126, 16, s, 1, "llama3")) for s in range(16)] == [7] + [8] * 14 + [7]
+    assert [len(stage_layers(126, 16, s)) for s in range(16)] == [8] * 14 + [7] * 2
+    assert sorted(x for s in range(4) for x in stage_layers(32, 4, s, 2)) == list(range(32))
+    assert stage_layers(32, 4, 0, 2) == [0, 1, 2, 3, 16, 17, 18, 19]
+    for bad in (dict(virtual_stages=2, pp=1, world_size=8, tp=8), dict(stage_split="odd", world_size=64, tp=8, pp=8),
+                dict(efficiency=1.5, world_size=8, tp=8), dict(efficiency=0, world_size=8, tp=8)):
+        with pytest.raises(LabError):
+            plan("llama3-8b", dry_run=False, **bad)
+
+
+def test_roofline_is_labelled_a_bound_and_the_estimate_uses_the_efficiency(capsys):
+    from dtrain_lab.cli import main
+    from dtrain_lab.planner import format_plan
+
+    kw = dict(world_size=8, zero=3, seq_len=512)
+    bound = plan("llama2-7b", **kw)
+    est = plan("llama2-7b", efficiency=0.4, **kw)
+    assert bound.time["estimate"] is None and est.time["mfu"] == bound.time["mfu"]
+    e = est.time["estimate"]
+    assert e["efficiency"] == 0.4 and e["step_s"] > bound.time["step_s"] and e["mfu"] < bound.time["mfu"] <= 1
+    assert plan("llama2-7b", efficiency=1.0, **kw).time["estimate"]["step_s"] == pytest.approx(bound.time["step_s"])
+    for text in (format_plan(bound, "en"), format_plan(est, "en")):
+        assert "MFU ≤" in text and "Bound" in text and "MFU 100.0 %" not in text
+    assert "Estimate (matmuls at 40 %" in format_plan(est, "en") and "估计值" in format_plan(est, "zh")
+    assert main(["--lang", "en", "plan", "--model", "llama2-7b", "--world-size", "8", "--zero", "3", "--seq-len", "512",
+                 "--efficiency", "0.4", "--virtual-stages", "1", "--stage-split", "even"]) == 0
+    out = capsys.readouterr().out
+    assert "MFU ≤" in out and "Estimate" in out and "allocated up front" in out

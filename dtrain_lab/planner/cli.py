@@ -12,7 +12,7 @@ import sys
 
 from dtrain_lab import i18n
 from dtrain_lab.i18n import tr
-from dtrain_lab.planner.core import PRECISIONS, plan
+from dtrain_lab.planner.core import PRECISIONS, SPLITS, plan
 from dtrain_lab.planner.presets import HARDWARE, MODELS
 from dtrain_lab.planner.report import format_plan
 
@@ -34,6 +34,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--nvlink-gbps", type=float, help=tr("plan_cli_nvlink"))
     ap.add_argument("--network-gbps", type=float, help=tr("plan_cli_network"))
     ap.add_argument("--gpus-per-node", type=int, help=tr("plan_cli_gpn"))
+    ap.add_argument("--efficiency", type=float, help=tr("plan_cli_efficiency"))
+    ap.add_argument("--virtual-stages", type=int, default=1, help=tr("plan_cli_virtual"))
+    ap.add_argument("--stage-split", default="even", choices=SPLITS, help=tr("plan_cli_split"))
+    ap.add_argument("--grads-resident", action="store_true", help=tr("plan_cli_grads_resident"))
     ap.add_argument("--rank", type=int, default=0, help=tr("plan_cli_rank"))
     ap.add_argument("--no-dry-run", action="store_true", help=tr("plan_cli_nodry"))
     ap.add_argument("--json", action="store_true", help=tr("plan_cli_json"))
@@ -51,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                  ep=args.ep, zero=args.zero, seq_len=args.seq_len, micro_batch=args.micro_batch,
                  microbatches=args.microbatches, act_ckpt=args.act_ckpt, precision=args.precision,
                  hardware=args.hardware, nvlink_gbps=args.nvlink_gbps, network_gbps=args.network_gbps,
-                 gpus_per_node=args.gpus_per_node, rank=args.rank, dry_run=not args.no_dry_run)
+                 gpus_per_node=args.gpus_per_node, rank=args.rank, dry_run=not args.no_dry_run,
+                 efficiency=args.efficiency, virtual_stages=args.virtual_stages, stage_split=args.stage_split,
+                 grads_resident=args.grads_resident)
     except i18n.LabError as e:
         print(str(e), file=sys.stderr)
         return 2

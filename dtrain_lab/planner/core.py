@@ -41,18 +41,52 @@ from dtrain_lab.perfmodel import collective_time, zero_memory
 from dtrain_lab.planner.dryrun import measure_blocks
 from dtrain_lab.planner.presets import Hardware, ModelSpec, hardware_preset, model_preset
 
-__all__ = ["plan", "Plan", "stage_layers", "PRECISIONS", "DIMS"]
+__all__ = ["plan", "Plan", "stage_layers", "chunk_sizes", "PRECISIONS", "DIMS", "SPLITS"]
 
 PRECISIONS = {"mixed": (2, 2, 2), "fp32": (4, 4, 4)}     # bytes of (params, grads, activations)
 DIMS = ("tp", "cp", "ep", "pp", "dp", "edp")
 _HEADER_BYTES = 80                                      # the pipeline executor's 10-int64 shape header
 
 
-def stage_layers(n_layers: int, pp: int, stage: int) -> list[int]:
-    """Layer ids of ``stage``: as ``pipeline.split_sequential`` cuts, the first stages one more."""
-    base, extra = divmod(n_layers, pp)
-    start = stage * base + min(stage, extra)
-    return list(range(start, start + base + (1 if stage < extra else 0)))
+SPLITS = ("even", "llama3")
+
+
+def chunk_sizes(n_layers: int, pp: int, virtual: int = 1, split: str = "even") -> list[int]:
+    """Layers of each of the ``pp · virtual`` model chunks, in pipeline order (chunk ``c · pp + s`` runs on
+    stage ``s``). ``"even"``: as ``pipeline.split_sequential`` cuts, the first chunks one more.
+    ``"llama3"``: Llama 3's split (Dubey et al. 2024, section 3.3.2): ``n_layers + 2`` spread evenly, then one
+    layer fewer on the first and on the last chunk, which carry the embedding and the output head and loss."""
+    n = pp * virtual
+    total = n_layers + (2 if split == "llama3" else 0)
+    base, extra = divmod(total, n)
+    sizes = [base + (1 if i < extra else 0) for i in range(n)]
+    if split == "llama3":
+        sizes[0] -= 1
+        sizes[-1] -= 1
+    return sizes
+
+
+def stage_layers(n_layers: int, pp: int, stage: int, virtual: int = 1, split: str = "even") -> list[int]:
+    """Layer ids of ``stage``: its chunks ``stage``, ``pp + stage``, … (one chunk without interleaving;
+    ``"even"``: as ``pipeline.split_sequential`` cuts, the first stages one more)."""
+    sizes = chunk_sizes(n_layers, pp, virtual, split)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [x for c in range(stage, pp * virtual, pp) for x in range(starts[c], starts[c] + sizes[c])]
+
+
+def pp_warmup(pp: int, s: int, v: int = 1) -> int:
+    """Forwards stage ``s`` runs before its first backward, in chunk micro-batches (Megatron-LM's
+    ``forward_backward_pipelining_with(out)_interleaving``): pp − s − 1, interleaved 2(pp − s − 1) + (v − 1)·pp."""
+    return pp - s - 1 if v == 1 else 2 * (pp - s - 1) + (v - 1) * pp
+
+
+def sched_chunk_layers(n_layers: int, pp: int, s: int, v: int = 1, split: str = "even") -> list[int]:
+    """Layer ids of stage ``s``'s last chunk (``(v − 1)·pp + s``); with an empty chunk, the last non-empty one."""
+    sizes = chunk_sizes(n_layers, pp, v, split)
+    for c in range((v - 1) * pp + s, -1, -pp):
+        if sizes[c]:
+            return list(range(sum(sizes[:c]), sum(sizes[:c]) + sizes[c]))
+    return []
 
 
 @dataclass
@@ -139,12 +173,20 @@ def plan(model: str | ModelConfig = "llama3-8b", *, world_size: int, tp: int = 1
          ep: int = 1, dp: int | None = None, zero: int = 1, seq_len: int | None = None, micro_batch: int = 1,
          microbatches: int | None = None, act_ckpt: bool = False, precision: str = "mixed",
          hardware: str = "h100", nvlink_gbps: float | None = None, network_gbps: float | None = None,
-         gpus_per_node: int | None = None, rank: int = 0, dry_run: bool = True) -> Plan:
+         gpus_per_node: int | None = None, rank: int = 0, dry_run: bool = True, efficiency: float | None = None,
+         virtual_stages: int = 1, stage_split: str = "even", grads_resident: bool = False) -> Plan:
     """The plan of one rank (``rank``, default 0) of the layout; see the module docstring.
 
     ``dp`` defaults to ``world_size / (tp · pp · cp)``; ``microbatches`` (per step and pipeline) to
     ``2·pp`` with pipelining, else 1; link bandwidths in GB/s (1e9 bytes/s, each direction) override the
-    hardware preset's. ``dry_run=False`` skips the FakeTensorMode run (no activation figures)."""
+    hardware preset's. ``dry_run=False`` skips the FakeTensorMode run (no activation figures).
+
+    ``efficiency`` (0 < e ≤ 1): the fraction of peak FLOP/s the matmuls reach; the time block always holds
+    the roofline at e = 1 (``step_s``, ``mfu``: a bound, the shortest step and highest MFU of this model)
+    and, given an efficiency, ``time["estimate"]`` at e. ``virtual_stages`` v > 1: interleaved 1F1B with v
+    model chunks per stage (Narayanan et al. 2021, section 2.2.2). ``stage_split="llama3"``: one layer fewer
+    on the first and the last chunk (Dubey et al. 2024, section 3.3.2). ``grads_resident``: gradients
+    allocated up front (DDP buckets, Megatron's grad buffers) instead of at the first backward."""
     spec = model_preset(model) if isinstance(model, str) else ModelSpec("custom", model, seq_len, "-")
     hw = hardware_preset(hardware)
     overrides = {"nvlink_bytes_per_s": nvlink_gbps and nvlink_gbps * 1e9,
@@ -160,13 +202,23 @@ def plan(model: str | ModelConfig = "llama3-8b", *, world_size: int, tp: int = 1
     if precision not in PRECISIONS:
         raise LabError("zero_bad_precision", value=precision, choices=", ".join(PRECISIONS))
     dims._check_rank(rank)
+    if efficiency is not None and (isinstance(efficiency, bool) or not isinstance(efficiency, (int, float))
+                                   or not 0 < efficiency <= 1):
+        raise LabError("plan_bad_efficiency", value=efficiency)
+    v = _int("virtual_stages", virtual_stages)
+    if v > 1 and pp == 1:
+        raise LabError("plan_virtual_needs_pp", v=v)
+    if stage_split not in SPLITS:
+        raise LabError("plan_bad_split", value=stage_split, choices=", ".join(SPLITS))
+    sched = (v, stage_split)
     m = _int("microbatches", microbatches if microbatches is not None else (2 * pp if pp > 1 else 1))
     mb = _int("micro_batch", micro_batch)
     bp, bg, ba = PRECISIONS[precision]
     stage = dims.coordinate(rank)["pp"]
     layout = {"world_size": dims.world_size, "dp": dims.dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "edp": dims.edp,
               "zero": zero, "micro_batch": mb, "microbatches": m, "act_ckpt": bool(act_ckpt),
-              "precision": precision, "rank": rank, "stage": stage}
+              "precision": precision, "rank": rank, "stage": stage, "virtual_stages": v, "stage_split": stage_split,
+              "grads_resident": bool(grads_resident), "efficiency": efficiency}
     hw_dict = dict(hw.__dict__)
     if spec.config is None:                       # a parameter count only (the ZeRO paper's 7.5B)
         return _states_only(spec, dims, zero, precision, layout, hw_dict)
@@ -175,20 +227,26 @@ def plan(model: str | ModelConfig = "llama3-8b", *, world_size: int, tp: int = 1
     dims.check_model(n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, seq_len=seq,
                      n_experts=cfg.n_experts)
     layout["seq_len"] = seq
+    sizes = chunk_sizes(cfg.n_layers, pp, v, stage_split)
+    if min(sizes) < 0 or any(not stage_layers(cfg.n_layers, pp, st, *sched) for st in range(pp)) \
+            or (stage_split == "even" and min(sizes) < 1):
+        raise LabError("plan_chunks_too_many", layers=cfg.n_layers, pp=pp, v=v, split=stage_split)
     tokens = mb * seq // cp                       # tokens of one micro-batch on this rank
     dtype = torch.bfloat16 if precision == "mixed" else torch.float32
     measured = copy.deepcopy(measure_blocks(cfg, dims, rank, (mb, seq // cp), dtype, run=dry_run))
-    per_stage = [_stage_memory(cfg, dims, s, measured, tokens, m, zero, precision, act_ckpt, ba)
-                 for s in range(pp)]
+    per_stage = [_stage_memory(cfg, dims, s, measured, tokens, m, zero, precision, act_ckpt, ba, sched,
+                               grads_resident) for s in range(pp)]
     mem = dict(per_stage[stage])
     mem["per_stage"] = per_stage
     mem["capacity"] = hw.memory_bytes
     mem["fits"] = all(st["peak"] <= hw.memory_bytes for st in per_stage) if dry_run else None
-    comm = _comm(cfg, dims, rank, stage, tokens, seq, mb, m, zero, act_ckpt, (bp, bg, ba), hw, measured)
-    timing = _time(cfg, dims, rank, stage, tokens, seq, mb, m, act_ckpt, comm, hw, bp, ba, measured)
+    comm = _comm(cfg, dims, rank, stage, tokens, seq, mb, m, zero, act_ckpt, (bp, bg, ba), hw, measured, sched)
+    args = (cfg, dims, rank, stage, tokens, seq, mb, m, act_ckpt, comm, hw, bp, ba, measured, sched)
+    timing = _time(*args)                                     # the roofline: a bound
+    timing["estimate"] = None if efficiency is None else _time(*args, efficiency=efficiency)
     model_dict = {"name": spec.name, "source": spec.source, "params": _full_params(cfg), "config": dict(cfg.__dict__)}
     return Plan(model_dict, hw_dict, layout, mem, comm, timing, measured,
-                _assumptions(cfg, dims, hw, act_ckpt, precision, zero))
+                _assumptions(cfg, dims, hw, act_ckpt, precision, zero, sched, grads_resident))
 
 
 def _states_only(spec: ModelSpec, dims, zero, precision, layout, hw_dict) -> Plan:
@@ -207,20 +265,20 @@ def _collectives(measured, kind: str, name: str, act_ckpt: bool, formula: int) -
     return formula if counted is None else counted.get(name, 0)
 
 
-def _stage_params(cfg, dims, s, measured) -> tuple[list[int], list[int], int]:
+def _stage_params(cfg, dims, s, measured, sched) -> tuple[list[int], list[int], int]:
     """This rank's dense parameters per block of stage ``s``, expert parameters per MoE block, and the
     rest (vocab-parallel embedding on the first stage, head and final norm on the last)."""
-    kinds = ["moe" if is_moe_layer(cfg, layer) else "dense" for layer in stage_layers(cfg.n_layers, dims.pp, s)]
+    kinds = ["moe" if is_moe_layer(cfg, layer) else "dense" for layer in stage_layers(cfg.n_layers, dims.pp, s, *sched)]
     vocab_shard = cfg.vocab * cfg.d_model // dims.tp
     rest = (vocab_shard if s == 0 else 0) + ((vocab_shard + cfg.d_model) if s == dims.pp - 1 and cfg.vocab else 0)
     return ([measured[k]["params"]["dense"] for k in kinds],
             [measured[k]["params"]["expert"] for k in kinds if k == "moe"], rest)
 
 
-def _stage_memory(cfg, dims, s, measured, tokens, m, zero, precision, act_ckpt, ba) -> dict:
-    kinds = ["moe" if is_moe_layer(cfg, layer) else "dense" for layer in stage_layers(cfg.n_layers, dims.pp, s)]
+def _stage_memory(cfg, dims, s, measured, tokens, m, zero, precision, act_ckpt, ba, sched, resident) -> dict:
+    kinds = ["moe" if is_moe_layer(cfg, layer) else "dense" for layer in stage_layers(cfg.n_layers, dims.pp, s, *sched)]
     last = s == dims.pp - 1
-    blocks, experts, rest = _stage_params(cfg, dims, s, measured)
+    blocks, experts, rest = _stage_params(cfg, dims, s, measured, sched)
     dense, expert = sum(blocks) + rest, sum(experts)
     zd = zero_memory(dense, zero, dims.dp * dims.cp, precision=precision)
     ze = zero_memory(expert, zero, dims.edp, precision=precision) if expert else {"params": 0, "grads": 0, "optimizer": 0}
@@ -240,7 +298,12 @@ def _stage_memory(cfg, dims, s, measured, tokens, m, zero, precision, act_ckpt, 
         end = 2 * act + tokens * (cfg.vocab // dims.tp) * 4
     else:
         end = 2 * act
-    k = 1 if dims.pp == 1 else min(dims.pp - s, m)        # micro-batches in flight (1F1B warm-up)
+    v = sched[0]
+    # chunk micro-batches in flight at the high-water mark (a chunk: 1/v of the stage's layers). 1F1B:
+    # stage s runs pp − s − 1 warm-up forwards, then one more before its first backward: min(pp − s, m).
+    # Interleaved (Megatron-LM's schedule): 2·(pp − s − 1) + (v − 1)·pp warm-up chunk forwards, plus one
+    units = 1 if dims.pp == 1 else min(pp_warmup(dims.pp, s, v) + 1, m * v)
+    chunk = len(sched_chunk_layers(cfg.n_layers, dims.pp, s, *sched))   # layers of the stage's last chunk
 
     def per_block(name: str, suffix: str) -> list[int]:
         vals = [measured[kind][name + suffix] for kind in kinds]
@@ -248,33 +311,57 @@ def _stage_memory(cfg, dims, s, measured, tokens, m, zero, precision, act_ckpt, 
             vals[0] = measured[kinds[0]][name + suffix + "_first"]
         return vals
 
-    def held(suffix: str, peak: str = "peak_bytes") -> int:
-        """Bytes of activations at the stage's high-water mark: k − 1 earlier micro-batches whole (each
-        saved tensor's storage once, plus the output kept for the next stage), and the current one in
-        its last block: the other blocks' saved tensors and that block's own peak (saved tensors,
-        output and its gradient, temporaries, a gradient before it is added to .grad).
+    def held(n: int, suffix: str, peak: str = "peak_bytes") -> int:
+        """Bytes of activations while ``n`` chunk micro-batches are in flight and the newest runs its
+        high-water mark: n − 1 earlier ones whole (each saved tensor's storage once, plus the output each
+        chunk keeps for the next stage; 1/v of the stage's blocks each), and the current one in its last
+        block: the chunk's other blocks' saved tensors and that block's own peak (saved tensors, output and
+        its gradient, temporaries, a gradient before it is added to .grad).
         ``peak="peak_bytes_kept"``: that block's peak without the attention-score temporaries."""
+        if n == 0:
+            return 0
         saved = per_block("saved_storage_bytes", suffix)
-        mb_bytes = sum(saved) + (0 if last else act)
-        return (k - 1) * mb_bytes + sum(saved[:-1]) + per_block(peak, suffix)[-1] + (act if last else 0)
+        mb_bytes = sum(saved) + (v - (1 if last else 0)) * act       # one micro-batch through all v chunks
+        current = sum(saved[len(saved) - chunk:-1]) + per_block(peak, suffix)[-1] + (act if last else 0)
+        return round((n - 1) * mb_bytes / v) + current
 
-    out.update(in_flight=k, activations_per_microbatch=sum(per_block("activation_bytes", "")) + end,
-               activations_no_ckpt=held(""), activations_ckpt=held("_ckpt"))
+    out.update(in_flight=units / v, chunks_in_flight=units,
+               activations_per_microbatch=sum(per_block("activation_bytes", "")) + end)
+    suffix = "_ckpt" if act_ckpt else ""
+    # The moments of the schedule, gradients allocated at the first backward (plain autograd's .grad,
+    # zero_grad(set_to_none=True)) unless resident from the start (DDP buckets, Megatron's grad buffers):
+    #  "first":  the first backward, `units` in flight, no gradients yet;
+    #  "after":  the backwards after it, gradients resident, one chunk micro-batch fewer (cool-down);
+    #  "steady": when forwards follow a backward (m·v > units: 1F1B steady state, or a later micro-batch of
+    #            gradient accumulation), `units` in flight again, gradients resident.
+    if resident:
+        moments = {"resident": (units, True)}
+    elif m * v > units:
+        moments = {"steady": (units, True)}
+    else:
+        moments = {"first": (units, False), "after": (units - 1, True)}
+    states = out["params"] + out["optimizer"]
+
+    def at(n: int, with_grads: bool, kind: str, peak: str = "peak_bytes") -> int:
+        return states + (out["grads"] if with_grads else 0) + held(n, kind, peak)
+
+    out["moments"] = {name: at(n, g, suffix) for name, (n, g) in moments.items()}
+    out["moments_in_flight"] = {name: n / v for name, (n, g) in moments.items()}
+    name = max(out["moments"], key=out["moments"].get)
+    n_peak, g_peak = moments[name]
+    out.update(peak_moment=name, peak_in_flight=n_peak / v, peak_grads=out["grads"] if g_peak else 0,
+               activations_no_ckpt=held(n_peak, ""), activations_ckpt=held(n_peak, "_ckpt"))
     out["activations"] = out["activations_ckpt"] if act_ckpt else out["activations_no_ckpt"]
     # the same high-water mark if attention were a fused kernel that never holds a chunk pair's scores
-    out["activations_fused"] = held("_ckpt" if act_ckpt else "", "peak_bytes_kept")
-    # gradients exist at the high-water mark once a backward has run: when m > k (1F1B steady state,
-    # or a later micro-batch of gradient accumulation)
-    grads_then = out["grads"] if m > k else 0
-    states = out["params"] + grads_then + out["optimizer"]
-    out["peak"] = states + out["activations"]
-    out["peak_fused"] = states + out["activations_fused"]
+    out["activations_fused"] = held(n_peak, suffix, "peak_bytes_kept")
+    out["peak"] = out["moments"][name]
+    out["peak_fused"] = max(at(n, g, suffix, "peak_bytes_kept") for n, g in moments.values())
     return out
 
 
-def _comm(cfg, dims, rank, s, tokens, seq, mb, m, zero, act_ckpt, nbytes, hw, measured) -> dict:
+def _comm(cfg, dims, rank, s, tokens, seq, mb, m, zero, act_ckpt, nbytes, hw, measured, sched) -> dict:
     bp, bg, ba = nbytes
-    layers = stage_layers(cfg.n_layers, dims.pp, s)
+    layers = stage_layers(cfg.n_layers, dims.pp, s, *sched)
     n_moe = sum(is_moe_layer(cfg, layer) for layer in layers)
     n, r, d = len(layers), (2 if act_ckpt else 1), cfg.d_model
     first, last = s == 0, s == dims.pp - 1
@@ -317,17 +404,20 @@ def _comm(cfg, dims, rank, s, tokens, seq, mb, m, zero, act_ckpt, nbytes, hw, me
                             + rows - 2 * mine * d * ba)
         ops.append(_op("all_to_all", calls, payload, dims.ep, link["ep"], wire=wire))
     out["ep"] = _dim(dims.ep, link["ep"], *ops)
-    # PP (our executor): per micro-batch an activation forward (after a 10-int64 shape header) unless
-    # last, a gradient backward unless first; (tokens, d) each
+    # PP (our executor): per micro-batch and chunk an activation forward (after a 10-int64 shape header)
+    # unless the model's last chunk, a gradient backward unless its first; (tokens, d) each. Interleaved,
+    # a micro-batch crosses every stage v times (the last stage's chunks send on to stage 0)
     act = tokens * d * ba
-    calls = (0 if last else 2 * m) + (0 if first else m)
-    payload = (0 if last else m * (_HEADER_BYTES + act)) + (0 if first else m * act)
+    v = sched[0]
+    fwd, bwd = m * (v - (1 if last else 0)), m * (v - (1 if first else 0))
+    calls = 2 * fwd + bwd
+    payload = fwd * (_HEADER_BYTES + act) + bwd * act
     out["pp"] = _dim(dims.pp, link["pp"], _op("send", calls, payload, dims.pp, link["pp"]))
     # DP over dp × cp (dense) and edp (experts): one flat buffer per step (ZeRO 0: All-Reduce of the
     # gradients; 1 and 2: Reduce-Scatter of the gradients, All-Gather of the updated parameters),
     # ZeRO 3 per block and micro-batch: All-Gather forward (again when recomputed) and backward,
     # Reduce-Scatter of its gradients
-    blocks, experts, rest = _stage_params(cfg, dims, s, measured)
+    blocks, experts, rest = _stage_params(cfg, dims, s, measured, sched)
     for dim, p, units in (("dp", dims.dp * dims.cp, blocks + ([rest] if rest else [])), ("edp", dims.edp, experts)):
         numel = sum(units)
         ops = []
@@ -348,15 +438,18 @@ def _comm(cfg, dims, rank, s, tokens, seq, mb, m, zero, act_ckpt, nbytes, hw, me
     return out
 
 
-def _time(cfg, dims, rank, s, tokens, seq, mb, m, act_ckpt, comm, hw, bp, ba, measured) -> dict:
-    """Roofline per block pass, exposed communication, and the 1F1B schedule."""
+def _time(cfg, dims, rank, s, tokens, seq, mb, m, act_ckpt, comm, hw, bp, ba, measured, sched,
+          efficiency: float = 1.0) -> dict:
+    """Roofline per block pass at ``efficiency`` of peak FLOP/s (1: the bound), exposed communication,
+    and the (interleaved) 1F1B schedule."""
+    flops_s = hw.peak_flops * efficiency
     h, kv, hd, d = cfg.n_heads // dims.tp, cfg.n_kv_heads // dims.tp, cfg.head_dim, cfg.d_model
     attn_params = (2 * h + 2 * kv) * hd * d
     pairs = mb * h * seq * (seq + 1) / 2 / dims.cp          # causal query-key pairs (zig-zag: balanced)
     attn_flops = 2 * tokens * attn_params + 4 * hd * pairs
     counts = _balanced_counts(tokens, cfg) if cfg.n_experts else []
-    forward = backward = attn = 0.0
-    for layer in stage_layers(cfg.n_layers, dims.pp, s):
+    forward = backward = attn = model_flops = 0.0
+    for layer in stage_layers(cfg.n_layers, dims.pp, s, *sched):
         kind = "moe" if is_moe_layer(cfg, layer) else "dense"
         p = measured[kind]["params"]["dense"] + measured[kind]["params"]["expert"]
         if kind == "moe":
@@ -367,29 +460,35 @@ def _time(cfg, dims, rank, s, tokens, seq, mb, m, act_ckpt, comm, hw, bp, ba, me
         else:
             flops = attn_flops + 2 * tokens * 3 * d * (cfg.ffn_hidden // dims.tp)
         acts = measured[kind].get("activation_bytes") or 0
-        t_f = max(flops / hw.peak_flops, (p * bp + acts) / hw.hbm_bytes_per_s)
-        t_b = max(2 * flops / hw.peak_flops, 2 * (p * bp + acts) / hw.hbm_bytes_per_s)
+        t_f = max(flops / flops_s, (p * bp + acts) / hw.hbm_bytes_per_s)
+        t_b = max(2 * flops / flops_s, 2 * (p * bp + acts) / hw.hbm_bytes_per_s)
         forward += t_f * (2 if act_ckpt else 1)
         backward += t_b
-        attn += 3 * 4 * hd * pairs / hw.peak_flops
+        attn += 3 * 4 * hd * pairs / flops_s
+        model_flops += 3 * flops                              # forward + backward; recomputation not counted
     compute = forward + backward                              # one micro-batch on this stage
     exposed = sum(comm[dim]["seconds"] for dim in ("tp", "ep", "pp")) / m \
         + max(0.0, comm["cp"]["seconds"] / m - attn)          # ring sends hide behind the attention
     slot = compute + exposed
-    slots = m + dims.pp - 1
+    v = sched[0]
+    slots = m + (dims.pp - 1) / v                             # interleaved: the bubble is (pp − 1)/v slots
     dp_s = comm["dp"]["seconds"] + comm["edp"]["seconds"]
     dp_exposed = max(0.0, dp_s - backward)                    # overlapped with the last backward
     step = slots * slot + dp_exposed
-    flops_rank = m * (forward / (2 if act_ckpt else 1) + backward) * hw.peak_flops   # recompute not counted
     tokens_step = dims.dp * m * mb * seq
-    return {"compute_s": m * compute, "exposed_comm_s": m * exposed + dp_exposed,
-            "bubble": (dims.pp - 1) / slots, "step_s": step, "tokens_per_step": tokens_step,
-            "tokens_per_s": tokens_step / step, "mfu": flops_rank / (step * hw.peak_flops)}
+    return {"efficiency": efficiency, "compute_s": m * compute, "exposed_comm_s": m * exposed + dp_exposed,
+            "bubble": (dims.pp - 1) / v / slots, "step_s": step, "tokens_per_step": tokens_step,
+            "tokens_per_s": tokens_step / step, "model_flops": m * model_flops,
+            "mfu": m * model_flops / (step * hw.peak_flops)}
 
 
-def _assumptions(cfg, dims, hw, act_ckpt, precision, zero) -> list[str]:
+def _assumptions(cfg, dims, hw, act_ckpt, precision, zero, sched, resident) -> list[str]:
+    v, split = sched
     keys = [("plan_assume_precision" if precision == "mixed" else "plan_assume_fp32", {}),
-            ("plan_assume_activations", {}), ("plan_assume_schedule", {}),
+            ("plan_assume_activations", {}),
+            ("plan_assume_schedule" if v == 1 else "plan_assume_interleaved",
+             {"v": v, "split": tr({"even": "plan_split_even", "llama3": "plan_split_llama3"}[split])}),
+            ("plan_assume_grads_resident" if resident else "plan_assume_grads_lazy", {}),
             ("plan_assume_overlap", {}), ("plan_assume_roofline", {"peak": hw.peak_flops / 1e12,
                                                                     "hbm": hw.hbm_bytes_per_s / 1e12}),
             ("plan_assume_links", {"gpn": hw.gpus_per_node, "nvlink": hw.nvlink_bytes_per_s / 1e9,

@@ -34,14 +34,24 @@ def format_plan(p, lang: str | None = None) -> str:
             out.append(f"| {tr(label, lang)} | {_b(mem[key])} |")
     if mem.get("model_states") is not None:
         out.append(f"| {tr('plan_mem_states', lang)} | {_b(mem['model_states'])} |")
+    if mem.get("peak_moment"):
+        # which moment of the schedule the peak is, and whether the gradients row is in it
+        other = {n: b for n, b in mem["moments"].items() if n != mem["peak_moment"]}
+        n1 = {"after": mem["peak_in_flight"] + 1 / lay.get("virtual_stages", 1),
+              "first": mem["peak_in_flight"] - 1 / lay.get("virtual_stages", 1)}.get(mem["peak_moment"], 0)
+        key = {"first": "plan_peak_first", "after": "plan_peak_after", "steady": "plan_peak_steady",
+               "resident": "plan_peak_resident"}[mem["peak_moment"]]
+        out += ["", tr(key, lang, n=mem["peak_in_flight"], n1=n1,
+                       other=_b(next(iter(other.values()), None)))]
     if mem.get("fits") is not None:
         out.append("")
         out.append(tr("plan_fits" if mem["fits"] else "plan_not_fits", lang, cap=_b(mem["capacity"]),
                       worst=_b(max(s["peak"] for s in mem["per_stage"]))))
     if len(mem.get("per_stage", [])) > 1:
-        out += ["", tr("plan_stage_head", lang), "|---|---|---|---|"]
+        out += ["", tr("plan_stage_head", lang), "|---|---|---|---|---|"]
         for s in mem["per_stage"]:
-            out.append(f"| {s['stage']} | {s['layers']} | {s['in_flight']} | {_b(s['peak'])} |")
+            out.append(f"| {s['stage']} | {s['layers']} | {s['peak_in_flight']:g} | {_b(s['peak_grads'] or None)} "
+                       f"| {_b(s['peak'])} |")
     if d["comm"]:
         out += ["", tr("plan_comm_head", lang), "|---|---|---|---|---|---|---|---|"]
         for dim, e in d["comm"].items():
@@ -52,6 +62,10 @@ def format_plan(p, lang: str | None = None) -> str:
         t = d["time"]
         out += ["", tr("plan_time", lang, compute=_s(t["compute_s"]), comm=_s(t["exposed_comm_s"]),
                        bubble=100 * t["bubble"], step=_s(t["step_s"]), tps=t["tokens_per_s"], mfu=100 * t["mfu"])]
+        e = t.get("estimate")
+        out.append(tr("plan_time_no_estimate", lang) if e is None else
+                   tr("plan_time_estimate", lang, eff=100 * e["efficiency"], compute=_s(e["compute_s"]),
+                      comm=_s(e["exposed_comm_s"]), step=_s(e["step_s"]), tps=e["tokens_per_s"], mfu=100 * e["mfu"]))
     out += ["", tr("plan_assumptions_head", lang)] + [f"- {a}" for a in d["assumptions"]]
     out.append(f"- {tr('plan_hardware', lang, name=d['hardware']['name'], source=d['hardware']['source'])}")
     return "\n".join(out)
