@@ -15,7 +15,7 @@ import re
 import pytest
 
 from conftest import ROOT
-from dtrain_lab.grading import registry
+from dtrain_lab.grading import grader, registry
 from dtrain_lab.i18n import tr
 
 EXERCISES = registry.all_exercises()
@@ -44,8 +44,8 @@ def _check_cells(cells, ex_id):
 
 def _passing_lines(ex, lang):
     title = ex.title[lang]
-    sizes = " / ".join(map(str, ex.world_sizes))
-    return {tr("grade_pass", lang, title=title, sizes=sizes), tr("grade_pass_one", lang, title=title),
+    return {tr("grade_pass", lang, title=title, sizes=max(ex.world_sizes, default=0)), tr("grade_pass_one", lang, title=title),
+            tr("grade_pass_sizes_all", lang, title=title, sizes=grader._sizes(ex.world_sizes, lang)),
             tr("grade_pass_static", lang, title=title)}
 
 

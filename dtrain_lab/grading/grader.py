@@ -50,6 +50,16 @@ class Verdict:
         return self.feedback
 
 
+
+def _sizes(world_sizes, lang) -> str:
+    """The world sizes a verdict passed on, one run each: "2 and 3" / "2 个和 3 个" (not "2 / 3", which reads
+    as a fraction)."""
+    items = [tr("grade_pass_size", lang, n=n) for n in world_sizes]
+    if len(items) <= 1:
+        return "".join(items)
+    return tr("grade_pass_sizes", lang, rest=tr("grade_pass_sizes_sep", lang).join(items[:-1]), last=items[-1])
+
+
 def _verdict(ex: Exercise, outcome: str, feedback: str, lang: str, **details) -> Verdict:
     passed = outcome == "pass"
     if len(feedback) > MAX_FEEDBACK_CHARS:
@@ -265,8 +275,9 @@ def _grade_launched(ex: Exercise, path: Path, lang: str, sandboxed: bool) -> Ver
         if v is not None:
             v.elapsed, v.details["runs"] = elapsed, runs
             return _noted(v, sandboxed, lang)
-    key = _n_key("grade_pass", max(ex.world_sizes)) if len(ex.world_sizes) == 1 else "grade_pass"
-    v = _verdict(ex, "pass", tr(key, lang, title=title, sizes=" / ".join(map(str, ex.world_sizes))), lang, runs=runs)
+    key = _n_key("grade_pass", max(ex.world_sizes)) if len(ex.world_sizes) == 1 else "grade_pass_sizes_all"
+    sizes = str(ex.world_sizes[0]) if len(ex.world_sizes) == 1 else _sizes(ex.world_sizes, lang)
+    v = _verdict(ex, "pass", tr(key, lang, title=title, sizes=sizes), lang, runs=runs)
     v.elapsed = elapsed
     return _noted(v, sandboxed, lang)
 

@@ -117,7 +117,7 @@ def bubble(schedule, t_f: int = T_F, t_b: int = T_B) -> float:
 
 def timeline(schedule, t_f: int = T_F, t_b: int = T_B) -> str:
     """The simulated run as text: one row per stage, one column per time unit, ``·`` for idle."""
-    from dtrain_lab.i18n import pick
+    from dtrain_lab.i18n import pick, tr
 
     sim = simulate(schedule, t_f, t_b)
     if not sim["ok"]:
@@ -129,7 +129,7 @@ def timeline(schedule, t_f: int = T_F, t_b: int = T_B) -> str:
         for (kind, mb), (start, end) in zip(acts, times):
             for t in range(start, end):
                 cells[t] = f"{kind}{mb}".ljust(width)
-        rows.append(f"stage {s} | " + " ".join(cells))
+        rows.append(tr("lab08_timeline_row", stage=s) + " | " + " ".join(cells))
     return "\n".join(rows)
 
 
