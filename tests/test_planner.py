@@ -283,3 +283,15 @@ def test_roofline_is_labelled_a_bound_and_the_estimate_uses_the_efficiency(capsy
                  "--efficiency", "0.4", "--virtual-stages", "1", "--stage-split", "even"]) == 0
     out = capsys.readouterr().out
     assert "MFU ≤" in out and "Estimate" in out and "allocated up front" in out
+
+
+def test_interleaved_warmup_is_megatrons_including_m_equal_pp():
+    """Megatron-LM's forward_backward_pipelining_with_interleaving: 2(pp − s − 1) + (v − 1)·pp warm-up
+    chunk forwards, and every forward first when the micro-batches are exactly pp; without
+    interleaving, pp − s − 1 whatever m."""
+    from dtrain_lab.planner.schedule import pp_warmup
+
+    pp, v = 4, 2
+    assert [pp_warmup(pp, s, v, m=8) for s in range(pp)] == [2 * (pp - s - 1) + (v - 1) * pp for s in range(pp)]
+    assert [pp_warmup(pp, s, v, m=pp) for s in range(pp)] == [pp * v] * pp
+    assert [pp_warmup(pp, s, 1, m=pp) for s in range(pp)] == [pp - s - 1 for s in range(pp)]

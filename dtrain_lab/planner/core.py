@@ -40,53 +40,13 @@ from dtrain_lab.parallel.dims import ParallelDims
 from dtrain_lab.perfmodel import collective_time, zero_memory
 from dtrain_lab.planner.dryrun import measure_blocks
 from dtrain_lab.planner.presets import Hardware, ModelSpec, hardware_preset, model_preset
+from dtrain_lab.planner.schedule import SPLITS, chunk_sizes, pp_warmup, sched_chunk_layers, stage_layers
 
 __all__ = ["plan", "Plan", "stage_layers", "chunk_sizes", "PRECISIONS", "DIMS", "SPLITS"]
 
 PRECISIONS = {"mixed": (2, 2, 2), "fp32": (4, 4, 4)}     # bytes of (params, grads, activations)
 DIMS = ("tp", "cp", "ep", "pp", "dp", "edp")
 _HEADER_BYTES = 80                                      # the pipeline executor's 10-int64 shape header
-
-
-SPLITS = ("even", "llama3")
-
-
-def chunk_sizes(n_layers: int, pp: int, virtual: int = 1, split: str = "even") -> list[int]:
-    """Layers of each of the ``pp · virtual`` model chunks, in pipeline order (chunk ``c · pp + s`` runs on
-    stage ``s``). ``"even"``: as ``pipeline.split_sequential`` cuts, the first chunks one more.
-    ``"llama3"``: Llama 3's split (Dubey et al. 2024, section 3.3.2): ``n_layers + 2`` spread evenly, then one
-    layer fewer on the first and on the last chunk, which carry the embedding and the output head and loss."""
-    n = pp * virtual
-    total = n_layers + (2 if split == "llama3" else 0)
-    base, extra = divmod(total, n)
-    sizes = [base + (1 if i < extra else 0) for i in range(n)]
-    if split == "llama3":
-        sizes[0] -= 1
-        sizes[-1] -= 1
-    return sizes
-
-
-def stage_layers(n_layers: int, pp: int, stage: int, virtual: int = 1, split: str = "even") -> list[int]:
-    """Layer ids of ``stage``: its chunks ``stage``, ``pp + stage``, … (one chunk without interleaving;
-    ``"even"``: as ``pipeline.split_sequential`` cuts, the first stages one more)."""
-    sizes = chunk_sizes(n_layers, pp, virtual, split)
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    return [x for c in range(stage, pp * virtual, pp) for x in range(starts[c], starts[c] + sizes[c])]
-
-
-def pp_warmup(pp: int, s: int, v: int = 1) -> int:
-    """Forwards stage ``s`` runs before its first backward, in chunk micro-batches (Megatron-LM's
-    ``forward_backward_pipelining_with(out)_interleaving``): pp − s − 1, interleaved 2(pp − s − 1) + (v − 1)·pp."""
-    return pp - s - 1 if v == 1 else 2 * (pp - s - 1) + (v - 1) * pp
-
-
-def sched_chunk_layers(n_layers: int, pp: int, s: int, v: int = 1, split: str = "even") -> list[int]:
-    """Layer ids of stage ``s``'s last chunk (``(v − 1)·pp + s``); with an empty chunk, the last non-empty one."""
-    sizes = chunk_sizes(n_layers, pp, v, split)
-    for c in range((v - 1) * pp + s, -1, -pp):
-        if sizes[c]:
-            return list(range(sum(sizes[:c]), sum(sizes[:c]) + sizes[c]))
-    return []
 
 
 @dataclass
@@ -302,7 +262,7 @@ def _stage_memory(cfg, dims, s, measured, tokens, m, zero, precision, act_ckpt, 
     # chunk micro-batches in flight at the high-water mark (a chunk: 1/v of the stage's layers). 1F1B:
     # stage s runs pp − s − 1 warm-up forwards, then one more before its first backward: min(pp − s, m).
     # Interleaved (Megatron-LM's schedule): 2·(pp − s − 1) + (v − 1)·pp warm-up chunk forwards, plus one
-    units = 1 if dims.pp == 1 else min(pp_warmup(dims.pp, s, v) + 1, m * v)
+    units = 1 if dims.pp == 1 else min(pp_warmup(dims.pp, s, v, m) + 1, m * v)
     chunk = len(sched_chunk_layers(cfg.n_layers, dims.pp, s, *sched))   # layers of the stage's last chunk
 
     def per_block(name: str, suffix: str) -> list[int]:

@@ -4,6 +4,11 @@ from __future__ import annotations
 from dtrain_lab.i18n import tr
 from dtrain_lab.perfmodel import human_bytes
 
+# short names of a peak's moment and of a stage split, for a printed line
+MOMENTS = {"first": "plan_moment_first", "after": "plan_moment_after", "steady": "plan_moment_steady",
+           "resident": "plan_moment_resident"}
+SPLIT_NAMES = {"even": "plan_split_short_even", "llama3": "plan_split_short_llama3"}
+
 __all__ = ["format_plan"]
 
 
