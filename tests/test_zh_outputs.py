@@ -17,8 +17,7 @@ import pytest
 from conftest import ROOT
 
 KINDS = ("lessons", "labs", "solutions")
-# lesson 13 is being rewritten in parallel (issue 23); it joins the check once it settles
-SKIP = {"lessons/13_context_expert_parallel"}
+SKIP: set[str] = set()
 
 ALLOWED = set("""
 All Reduce Gather Scatter Broadcast all reduce gather scatter broadcast send recv isend irecv barrier
@@ -44,6 +43,8 @@ LEFT: dict[str, set[str]] = {
     "lessons/09_checkpoint_recovery": set("""Checkpoint MTBF OSError RNG SIGKILL Skipping at back by checkpoint ckpt commit data diff exit fails falling fault footer has incomplete injection is it loader mode no not one optimizer or previous rng sigkill stall step store the to was written""".split()),  # noqa: E501
     "lessons/10_hangs_and_deadlocks": set("""C DETAIL Detected EADDRINUSE OFF Rank Ranks SIGSEGV The abort address already any at autograd backward batch between by code collectives enforce entrypoint fail failed false frozen has in killed listen local loss main message mismatch module name network on pass port runpy server socket timeout to train use vs""".split()),  # noqa: E501
     "lessons/11_nccl_networking": set("""BOOTSTRAP Debugging ECONNREFUSED EHOSTUNREACH ENV ETIMEDOUT INIT LL NVLS NVLSTree PAT PXB Python Ring Simple System TRACE Tree UP Verbs a case combination configuration conflict debugging deprecated error file infinite info local not removed renamed rendezvous shared socket syntax timeout unknown value variable warning watchdog wrong""".split()),  # noqa: E501
+    # 13: most of it is cell 31, the planner presets' source sentences and assumption lines (issue 24)
+    "lessons/13_context_expert_parallel": set("""Core Dubey FFN FLOPs Herd KV LM Latencies Llama Models NIC NVIDIA Operator P SDPA SXM Table Tensor The Transformer a al and are as assumptions at attention autograd checkpoint contiguous course cp d datasheet dense dim dk does dp dq dv each edp efficiency ep et f few figures flash from have heads in key layers logits mixed model network not nvlink of one per perfmodel pp q query registered released ring roofline section server sharding sparsity strategy sum the this tile to token top tp vocab way with zag zig zigzag""".split()),  # noqa: E501
     "lessons/12_multinode_clusters": set("""Check Debugging Gi INFO Indexed Job Memory Never One SBATCH SIGPIPE Service The Written against agent assigns before by can cluster command completions container containers ddp default distributed dshm each end env exited export first get has head hostnames hosts image info is it job kind limits may medium memory metadata micro mlp name namespace node of once one output parallelism per pipefail port ports pytorch rdzv reads rendezvous replicas requests resources runtime scontrol script sed selector set show spec srun starts subdomain task template that the trainer true value volumes warning with workers your""".split()),  # noqa: E501
     "labs/lab_02_ddp": set("""Overwriting bytes""".split()),  # noqa: E501
     "labs/lab_04_compression": set("""Top Writing average indices reduced values want we""".split()),  # noqa: E501
