@@ -68,18 +68,25 @@ def _telling(dests: list, world: int) -> bool:
             and any(a > b for k in kept for a, b in zip(k, k[1:])))
 
 
-def make_inputs(seed: int, world: int) -> list[dict]:
-    """Per rank: its shard of q, k, v (exercise 1); its tokens, the expert each goes to (-1: dropped,
-    by the capacity) and the weights of its own experts only (exercise 2).
-
-    The routing is redrawn (deterministically in the seed) until it tells the usual mistakes from the
-    right answer (:func:`_telling`)."""
+def routing(seed: int, world: int) -> tuple[list[int], list[list[int]]]:
+    """``(tokens, dests)``: each rank's token count and the expert of each of its tokens (-1: dropped),
+    redrawn until the routing tells the usual mistakes from the right answer (:func:`_telling`)."""
     n_experts = EXPERTS_PER_RANK * world
     tokens = [_tokens_of(seed, r) for r in range(world)]
     for attempt in range(64):
         dests = [_route(seed, r, tokens[r], n_experts, attempt) for r in range(world)]
         if _telling(dests, world):
             break
+    return tokens, dests
+
+
+def make_inputs(seed: int, world: int) -> list[dict]:
+    """Per rank: its shard of q, k, v (exercise 1); its tokens, the expert each goes to (-1: dropped,
+    by the capacity) and the weights of its own experts only (exercise 2).
+
+    The routing is redrawn (deterministically in the seed) until it tells the usual mistakes from the
+    right answer (:func:`_telling`)."""
+    tokens, dests = routing(seed, world)
     out = []
     for r in range(world):
         g = contract.torch_generator(seed, "attention", r)
