@@ -110,3 +110,16 @@ def test_secondary_errors_are_consequences_not_causes():
     fail = NS(hung=False, ok=False, phase=None, first_failure=1, ranks=[],
               exception="RuntimeError: Connection reset by peer")
     assert len(diagnose(fail, "en")) == 1
+
+
+def test_a_hung_jobs_grouped_output_stops_where_it_was_found_hung():
+    """What the ranks print while they are killed (a peer's collective failing as the other dies,
+    cut off by the kill) depends on the kill order: the notebook shows each rank's lines up to the
+    moment the job was found hung (launch.py takes that count before it kills)."""
+    from dtrain_lab.jobs.output import grouped
+    from dtrain_lab.jobs.result import RankResult
+
+    ranks = [RankResult(rank=0, output="step 1\n"), RankResult(rank=1, output="step 1\nTraceback (most recent call last):\n")]
+    assert grouped(ranks) == "[rank0] step 1\n[rank1] step 1\n[rank1] Traceback (most recent call last):"
+    assert grouped(ranks, upto={0: 1, 1: 1}) == "[rank0] step 1\n[rank1] step 1"
+    assert grouped(ranks, upto={0: 0, 1: 0}) == ""

@@ -283,6 +283,10 @@ def run():
     rank = dist.get_rank()
     if how == "pid":
         return os.getpid()
+    if how in ("self_kill", "self_term") and rank == 0:
+        # rank 0 hosts the rendezvous store: if it returned at once, a rank 1 still finishing its
+        # start-up (a loaded machine) would fail on the lost store before it ever signals itself
+        time.sleep(30)
     if how == "self_kill" and rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(30)

@@ -96,7 +96,13 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
     hung, phase, limit, interrupted = job.wait(out, display, opts)
     if opts.nnodes > 1:
         out.renumber(_started_ranks(job_dir), opts.nproc)
+    upto = None
     if hung:
+        # what a hung job printed before it was found hung; what its ranks print while they are asked
+        # for their stacks and killed (a peer's collective failing as the other dies, cut off
+        # mid-traceback by the kill) depends on the order of the kills, and a notebook does not show it
+        out.pump()
+        upto = out.lines_so_far()
         collect_stacks(job_dir, out.ranks)
     killed = _procs.kill_job(job.proc, str(job.report))
     agent_output = job.close()
@@ -104,7 +110,7 @@ def launch(target: str, nproc: int | None = None, args: Sequence[Any] = (), time
 
     result = _result(opts, job, out, cmd, agent_output, hung=hung, phase=phase, limit=limit,
                      interrupted=interrupted, killed=killed)
-    display.finish(grouped(result.ranks) if display.notebook else "", result.summary())
+    display.finish(grouped(result.ranks, upto=upto) if display.notebook else "", result.summary())
     if interrupted:
         raise KeyboardInterrupt
     return result

@@ -156,6 +156,10 @@ class RankOutput:
         elif self.live_count[rank] == self.max_live + 1:
             self.display.line(tr("output_truncated", rank=rank, n=self.max_live, path=path))
 
+    def lines_so_far(self) -> dict[int, int]:
+        """``{rank: lines kept}`` up to now (see :func:`grouped`'s ``upto``)."""
+        return dict(self.stored_lines)
+
     def renumber(self, true_ranks: list[int], nproc: int) -> None:
         """Multi-node: c10d rendezvous ignores ``--node-rank`` (it orders the agents itself,
         dynamic_rendezvous.py sorts them), so this node's ranks are known only from what its workers
@@ -176,12 +180,14 @@ class RankOutput:
         self.tails = {path: (r + shift, stream, tail) for path, (r, stream, tail) in self.tails.items()}
 
 
-def grouped(ranks: list[RankResult], max_lines: int = 200) -> str:
+def grouped(ranks: list[RankResult], max_lines: int = 200, upto: dict[int, int] | None = None) -> str:
     """Every rank's output, rank by rank (what a notebook keeps: it does not depend on how the
-    ranks' lines interleaved in this run)."""
+    ranks' lines interleaved in this run); with ``upto``, only each rank's first ``upto[rank]`` lines."""
     blocks = []
     for r in ranks:
         lines = r.output.splitlines()
+        if upto is not None:
+            lines = lines[:upto.get(r.rank, len(lines))]
         shown = [f"[rank{r.rank}] {ln}" for ln in lines[:max_lines]]
         if len(lines) > max_lines:
             shown.append(tr("output_more_lines", rank=r.rank, n=len(lines) - max_lines))
