@@ -120,7 +120,7 @@ def lab_programs(lab: str, source: Path) -> dict:
         text = cell.text.get("*", "")
         if cell.kind == "code" and text.startswith(f"%%writefile {lab}_"):
             first, _, body = text.partition("\n")
-            out[f"{lab}." + first.split()[1][len(lab) + 1:-len(".py")]] = blocks(body)
+            out[f"{lab}." + Path(first.split()[1]).stem[len(lab) + 1:]] = blocks(body)   # .py and .env files
     return out
 
 

@@ -83,3 +83,14 @@ def test_learner_copy_has_the_check_cell_and_no_verdict(ex, lang):
     title = ex.title[lang]
     assert not stored or stored.startswith(f"… {title}"), (ex.id, lang, stored[:200])
     assert not any(line.startswith("✓") for c in cells for line in _text(c).split("\n"))
+
+
+def test_lab_programs_are_keyed_by_exercise_id_for_every_kind_of_file():
+    """authoring.lab_programs names each %%writefile cell by its exercise id, .env files (lab 11) as
+    well as .py ones: the keys are exactly the registry's exercises of the lab."""
+    from dtrain_lab import authoring
+    from dtrain_lab.grading import registry
+
+    source = ROOT / "solutions" / "_source" / "lab_11_nccl.md"
+    want = sorted(e.id for e in registry.all_exercises() if e.lab == "lab_11")
+    assert sorted(authoring.lab_programs("lab11", source)) == want
