@@ -34,9 +34,10 @@ def test_crash_of_one_rank_is_reported(run, start):
     # rank 0 fails after it, in its next collective, because its peer is gone (gloo raises a
     # RuntimeError, or one of torch.distributed's RuntimeError subclasses, depending on where in the
     # collective the closed connection is noticed); or, if a loaded machine did not run it in that
-    # moment, it is stopped by torchrun first (SIGTERM, then SIGKILL after torchrun's grace period)
+    # moment, it is stopped by torchrun first (SIGTERM, then SIGKILL after torchrun's grace period),
+    # which it cannot record: the launcher says so, as it has no exit mark of its own either
     ended = ("RuntimeError", "DistBackendError", "DistNetworkError", "DistError", "killed by SIGTERM",
-             "killed by SIGKILL")
+             "killed by SIGKILL", "stopped from outside after rank 1 failed")
     assert r.ranks[0].exception and r.ranks[0].exception.startswith(ended), r.ranks[0].exception
     assert r.metrics[0]["step"] == 1 and r.metrics[1]["step"] == 1
     summary = r.summary("en")
@@ -230,3 +231,22 @@ def test_ranks_are_forked_only_without_a_cuda_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(runtime, "gpu_count", lambda: 0)
     assert options.LaunchOptions("dtrain_lab.demos.hello", 2).start == "exec"
     assert options.LaunchOptions("dtrain_lab.demos.hello", 2, start="fork").start == "fork"
+
+
+def test_rank_stopped_from_outside_is_told_apart(tmp_path):
+    """A rank with no exception and no exit mark for its last attempt was stopped from outside; one that
+    ended by itself (an exit mark) or never started keeps no exception."""
+    from dtrain_lab.jobs.outcome import mark_stopped
+    from dtrain_lab.jobs.result import RankResult
+
+    for name in ("started.0.0", "started.0.1", "exit.0.0", "started.1.1", "started.2.0", "exit.2.0"):
+        (tmp_path / name).write_text("1")
+    ranks = {r: RankResult(rank=r) for r in range(4)}
+    ranks[3].exception = "ValueError: x"
+    mark_stopped(ranks, tmp_path, failed_rank=3)
+    assert ranks[0].exception == "stopped from outside after rank 3 failed (no exception of its own)"
+    assert ranks[1].exception.startswith("stopped from outside")
+    assert ranks[2].exception is None           # ended by itself
+    assert ranks[3].exception == "ValueError: x"
+    mark_stopped(ranks := {0: RankResult(rank=0)}, tmp_path, failed_rank=None)
+    assert ranks[0].exception is None

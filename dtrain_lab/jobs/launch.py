@@ -52,7 +52,7 @@ from dtrain_lab.jobs import _procs, agents
 from dtrain_lab.jobs.diagnose import collect_stacks, format_stack
 from dtrain_lab.jobs.options import (DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_TIMEOUT_S, PACKAGE_PARENT, LaunchOptions,
                                      default_nproc, job_root)
-from dtrain_lab.jobs.outcome import attach_exceptions, first_failure, read_errors
+from dtrain_lab.jobs.outcome import attach_exceptions, first_failure, mark_stopped, read_errors
 from dtrain_lab.jobs.output import MAX_LINE_CHARS, Display, RankOutput, grouped
 from dtrain_lab.jobs.result import LaunchResult, RankResult, gathered, load_reports, read_jsonl
 from dtrain_lab.sandbox import python_m
@@ -205,6 +205,7 @@ def _result(opts: LaunchOptions, job: _Job, out: RankOutput, cmd: list[str], age
     failed_rank = exception = None
     if not ok and not hung and not interrupted:
         failed_rank, exception = first_failure(out.ranks, errors, aborted, agent_output)
+        mark_stopped(out.ranks, job.job_dir, failed_rank)
     return LaunchResult(
         target=opts.target, nproc=opts.world_size, ok=ok, returncode=job.proc.returncode, hung=hung,
         elapsed=elapsed, startup=None if ready_wall is None else max(0.0, ready_wall - job.wall0),

@@ -97,6 +97,23 @@ def attach_exceptions(ranks: dict[int, RankResult], errors: list[tuple[float, in
     return aborted
 
 
+def mark_stopped(ranks: dict[int, RankResult], job_dir: Path, failed_rank: int | None) -> None:
+    """Give every rank that ended neither by itself nor by an exception of its own a note saying so.
+
+    After one rank fails, torchrun stops the others (SIGTERM, then SIGKILL): a rank that had not yet
+    noticed its peer's failure records nothing. Such a rank started, has no ``exit.*`` mark (written by
+    a rank that ends by itself) for its last attempt and no exception."""
+    if failed_rank is None:
+        return
+    for rr in ranks.values():
+        if rr.exception is not None or rr.rank == failed_rank:
+            continue
+        attempts = [int(p.name.split(".")[2]) for p in job_dir.glob(f"started.{rr.rank}.*")
+                    if p.name.split(".")[2].isdigit()]
+        if attempts and not (job_dir / f"exit.{rr.rank}.{max(attempts)}").exists():
+            rr.exception = f"stopped from outside after rank {failed_rank} failed (no exception of its own)"
+
+
 def first_failure(ranks: dict[int, RankResult], errors: list[tuple[float, int, dict]], aborted: list[int],
                   agent_output: str) -> tuple[int | None, str | None]:
     """The rank that failed first and its exception, for a job that failed (not hung)."""

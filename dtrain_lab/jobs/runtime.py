@@ -303,8 +303,21 @@ def _flush_all() -> None:
         logging.shutdown()
 
 
+def _mark_exit(code: int) -> None:
+    """Leave ``exit.<rank>.<attempt>`` for the launcher: this rank ended by itself (a rank that has
+    neither this mark nor a recorded exception was stopped from outside, e.g. by torchrun)."""
+    path = _job_file("exit")
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, str(code).encode())
+        os.close(fd)
+
+
 def _fast_exit(code: int) -> None:
     _flush_all()
+    _mark_exit(code)
     os._exit(code)
 
 

@@ -116,6 +116,18 @@ def setup_rank():
 
     sys.excepthook = record_exception
 
+    import atexit
+
+    def mark_exit():
+        """This rank ended by itself (dtrain_lab.jobs.runtime writes the same mark before its os._exit)."""
+        try:
+            with open(os.path.join(job_dir, "exit.%s.%s" % (rank, attempt)), "w") as f:
+                f.write("")
+        except Exception:
+            pass
+
+    atexit.register(mark_exit)
+
 
 def _chain():
     here = os.path.dirname(os.path.abspath(__file__))
