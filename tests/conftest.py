@@ -16,6 +16,18 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
+# The planner's dry runs are kept on disk between processes (dtrain_lab.planner.dryrun): one folder per test
+# run, made by the first process (the xdist controller; its workers and notebook kernels inherit it), so a
+# run neither reads what an earlier one measured nor leaves anything in the home folder.
+if "DTRAIN_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["DTRAIN_CACHE_DIR"] = _CACHE = tempfile.mkdtemp(prefix="dtrain-test-cache-")
+    atexit.register(shutil.rmtree, _CACHE, True)
+
+
 DURATIONS = Path(__file__).resolve().parent / "durations.json"
 UNKNOWN_FILE_SECONDS = 30.0   # a file not measured yet (new): early rather than last
 

@@ -21,7 +21,11 @@ torchtitan estimates memory the same way (FakeTensorMode, a fake process group a
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import os
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -84,9 +88,66 @@ def measure_blocks(cfg: ModelConfig, dims: ParallelDims, rank: int, tokens: tupl
         # the fake passes run in a forked child (sandbox.apart): a backward on fake tensors starts
         # autograd's device threads in a CUDA build of torch, after which no fork of this process (a
         # launched job's test rank, the grader's checks) could run a backward; the result is plain data
-        _MEASURED[key] = apart.call(_measure_blocks, cfg, dims, rank, tokens, dtype, run, seconds=600) if run \
+        _MEASURED[key] = _on_disk(key, lambda: apart.call(_measure_blocks, cfg, dims, rank, tokens, dtype, run,
+                                                          seconds=600)) if run \
             else _measure_blocks(cfg, dims, rank, tokens, dtype, run)
     return _MEASURED[key]
+
+
+# ------------------------------------------------------------------ the dry runs kept on disk
+def cache_dir() -> Path:
+    """Where dry runs are kept between processes: ``$DTRAIN_CACHE_DIR``, else ``~/.cache/dtrain_lab``
+    (``$XDG_CACHE_HOME`` if set)."""
+    root = os.environ.get("DTRAIN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "dtrain_lab")
+    return Path(root) / "dryrun"
+
+
+_CODE_VERSION: str | None = None
+
+
+def _code_version() -> str:
+    """torch's version and the source of every module a dry run's result depends on: a cached result is
+    used only by exactly the code that measured it."""
+    global _CODE_VERSION
+    if _CODE_VERSION is None:
+        here = Path(__file__).resolve().parent
+        h = hashlib.sha256(torch.__version__.encode())
+        for path in sorted([*here.glob("*.py"), *(here.parent / "parallel").rglob("*.py")]):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+        _CODE_VERSION = h.hexdigest()[:16]
+    return _CODE_VERSION
+
+
+def _on_disk(key: tuple, measure):
+    """``measure()``, kept on disk under a hash of ``key`` and the code: the fake passes of a large
+    layout take seconds, and a lesson, its other language and the tests ask for the same ones. Another
+    process measuring the same key is waited for (a lock file), not repeated. Plain JSON only; any
+    problem with the folder (read-only, full) only means measuring again."""
+    import fcntl
+
+    name = hashlib.sha256((repr(key) + _code_version()).encode()).hexdigest()[:32]
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / f"{name}.lock", "w")  # noqa: SIM115 - closed below
+    except OSError:
+        return measure()
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = folder / f"{name}.json"
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(path.read_text())
+        value = measure()
+        with contextlib.suppress(OSError, TypeError, ValueError):
+            text = json.dumps(value)
+            if json.loads(text) == value:             # only what JSON gives back unchanged
+                tmp = folder / f"{name}.{os.getpid()}.tmp"
+                tmp.write_text(text)
+                os.replace(tmp, path)
+        return value
+    finally:
+        lock.close()
 
 
 def _measure_blocks(cfg: ModelConfig, dims: ParallelDims, rank: int, tokens: tuple[int, int], dtype,
