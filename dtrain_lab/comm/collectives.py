@@ -15,7 +15,9 @@ Every send is paired with a receive in one ``batch_isend_irecv``: with blocking 
 rank first, all ranks could wait for a receiver at once (a deadlock once messages exceed the
 transport's buffers) — lesson 10 shows it.
 
-Every function takes ``group`` (default: the world) and is a no-op on a world of one.
+Every function takes ``group`` (default: the world) and is a no-op on a world of one. The ring
+functions take an optional ``trace`` list: each send is appended to it as it is posted (phase, step,
+source, destination, chunk, elements), which is what lesson 01 draws the ring from.
 """
 from __future__ import annotations
 
@@ -62,22 +64,32 @@ def _neighbours(group: Group, r: int, p: int) -> tuple[int, int]:
     return groups.global_rank(group, (r + 1) % p), groups.global_rank(group, (r - 1) % p)
 
 
-def ring_reduce_scatter_(chunks: list[torch.Tensor], group: Group = None) -> int:
-    """In place: after it, ``chunks[(rank+1) % p]`` holds the sum over ranks. Returns that index."""
+def _record(trace: list | None, phase: str, step: int, group: Group, r: int, right: int, idx: int,
+            chunk: torch.Tensor) -> None:
+    if trace is not None:
+        trace.append({"phase": phase, "step": step, "src": groups.global_rank(group, r), "dst": right,
+                      "chunk": idx, "numel": chunk.numel()})
+
+
+def ring_reduce_scatter_(chunks: list[torch.Tensor], group: Group = None, trace: list | None = None) -> int:
+    """In place: after it, ``chunks[(rank+1) % p]`` holds the sum over ranks. Returns that index.
+    ``trace``: a list each send is appended to (see the module docstring)."""
     r, p = groups.rank_size(group)
     right, left = _neighbours(group, r, p)
-    for send_idx, recv_idx in ring_steps(r, p, "reduce_scatter"):
+    for step, (send_idx, recv_idx) in enumerate(ring_steps(r, p, "reduce_scatter")):
+        _record(trace, "reduce_scatter", step, group, r, right, send_idx, chunks[send_idx])
         buf = torch.empty_like(chunks[recv_idx])
         _exchange(chunks[send_idx], buf, right, left, group)
         chunks[recv_idx].add_(buf)  # received partial sum + my own contribution
     return (r + 1) % p
 
 
-def ring_all_gather_(chunks: list[torch.Tensor], group: Group = None) -> None:
+def ring_all_gather_(chunks: list[torch.Tensor], group: Group = None, trace: list | None = None) -> None:
     """In place: rank ``r`` starts with complete chunk ``(r+1) % p``; ends with all of them."""
     r, p = groups.rank_size(group)
     right, left = _neighbours(group, r, p)
-    for send_idx, recv_idx in ring_steps(r, p, "all_gather"):
+    for step, (send_idx, recv_idx) in enumerate(ring_steps(r, p, "all_gather")):
+        _record(trace, "all_gather", step, group, r, right, send_idx, chunks[send_idx])
         buf = torch.empty_like(chunks[recv_idx])
         _exchange(chunks[send_idx], buf, right, left, group)
         chunks[recv_idx].copy_(buf)  # a complete chunk: overwrite
@@ -101,9 +113,11 @@ def simulate_ring(values: list[list[float]]) -> tuple[list[list[float]], list[st
     return state, log
 
 
-def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group: Group = None) -> torch.Tensor:
+def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group: Group = None,
+                    trace: list | None = None) -> torch.Tensor:
     """All-reduce ``tensor`` in place with a ring of send/recv; same result as ``dist.all_reduce``
-    (up to floating-point summation order). ``op`` is ``"sum"`` or ``"avg"``."""
+    (up to floating-point summation order). ``op`` is ``"sum"`` or ``"avg"``; ``trace`` records
+    every send this rank posts."""
     if op not in RING_OPS:
         raise LabError("comm_bad_choice", name="op", value=op, choices=", ".join(RING_OPS))
     p = groups.size(group)
@@ -111,8 +125,8 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group: Group = None) 
         return tensor
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     chunks = _chunks(work.view(-1), p)
-    ring_reduce_scatter_(chunks, group)
-    ring_all_gather_(chunks, group)
+    ring_reduce_scatter_(chunks, group, trace)
+    ring_all_gather_(chunks, group, trace)
     if op == "avg":
         work.div_(p)
     if work is not tensor:

@@ -1,0 +1,122 @@
+"""Pictures of mechanisms, drawn from what the ranks of a run actually did.
+
+Each figure is a function of **recorded** data (the sends of a ring all-reduce, the shards each rank
+held, the tokens each rank sent) and of the language, never of hand-drawn data. The data are plain
+JSON (what :func:`dtrain_lab.jobs.runtime.report` carries), so a notebook stores them next to the
+picture and a test redraws the picture from them (``tests/test_figures.py``).
+
+A stored figure must be the same on every machine, in every run and under every capability probe:
+
+* SVG, with a fixed ``svg.hashsalt``, no date or creator in its metadata, and every glyph drawn as a
+  path (``svg.fonttype = "path"``): the file holds no font, no time and no random id;
+* matplotlib's default style, whatever a lesson or the learner's ``matplotlibrc`` changed;
+* only the course's own font, Noto Sans CJK SC from the ``noto-cjk-sans-otc`` package, for every
+  glyph, Latin and Chinese alike: never a system font, and not asked through the ``cjk_font`` probe
+  (a machine without a Chinese system font draws the same picture; :mod:`dtrain_lab.viz` is the
+  fallback path for live plots).
+
+:func:`show` displays a figure as ``image/svg+xml`` (GitHub and nbviewer show it without running
+anything), with its name and inputs in the output's metadata.
+
+    svg = figures.svg("ring_all_reduce", inputs, "zh")
+"""
+from __future__ import annotations
+
+import functools
+import io
+import os
+
+from dtrain_lab.fonts import PACKAGED_FONT, _register_packaged_font
+from dtrain_lab.i18n import LabError, get_lang, tr
+
+HASHSALT = "dtrain-lab"
+METADATA_KEY = "dtrain_lab_figure"   # where a notebook output keeps the figure's name and inputs
+
+
+def _drawers() -> dict:
+    from dtrain_lab.figures import context, ring, tensor, zero
+
+    return {"ring_all_reduce": ring.draw, "zero_shards": zero.draw, "megatron_mlp": tensor.draw,
+            "ring_attention": context.draw_ring, "moe_dispatch": context.draw_dispatch}
+
+
+NAMES = ("ring_all_reduce", "zero_shards", "megatron_mlp", "ring_attention", "moe_dispatch")
+
+
+@functools.lru_cache(maxsize=1)
+def font() -> str:
+    """The packaged font's family name, checked to resolve to the packaged file and nothing else."""
+    from matplotlib import font_manager
+
+    name = _register_packaged_font()
+    if name is None:
+        raise LabError("fig_no_font")
+    import noto_cjk_sans_otc
+
+    found = font_manager.findfont(font_manager.FontProperties(family=[name]), fallback_to_default=False)
+    if not os.path.samefile(found, noto_cjk_sans_otc.FONT_PATH):
+        raise LabError("fig_font_elsewhere", name=PACKAGED_FONT, path=found)
+    return name
+
+
+def style() -> dict:
+    """The rcParams every figure is drawn with (on top of matplotlib's defaults)."""
+    return {"svg.hashsalt": HASHSALT, "svg.fonttype": "path", "font.family": [font()],
+            "axes.unicode_minus": False, "font.size": 9}
+
+
+def render(name: str, inputs: dict, lang: str):
+    """The figure ``name`` drawn from ``inputs`` with labels in ``lang``: a matplotlib ``Figure``
+    (not a pyplot one: a notebook does not show it by itself). Draw and save it inside :func:`styled`."""
+    drawers = _drawers()
+    if name not in drawers:
+        raise LabError("fig_unknown", name=name, known=", ".join(NAMES))
+    return drawers[name](inputs, lang)
+
+
+class styled:
+    """``with styled():`` matplotlib's default style plus :func:`style`, restored afterwards."""
+
+    def __enter__(self):
+        import matplotlib
+
+        self._ctx = matplotlib.rc_context()
+        self._ctx.__enter__()
+        matplotlib.rcdefaults()
+        matplotlib.rcParams.update(style())
+        return self
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+def svg(name: str, inputs: dict, lang: str | None = None) -> str:
+    """The SVG text of figure ``name``: the same bytes for the same inputs and language, anywhere."""
+    lang = lang or get_lang()
+    with styled():
+        fig = render(name, inputs, lang)
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    return buf.getvalue()
+
+
+def title(name: str, inputs: dict, lang: str | None = None) -> str:
+    """One line naming the figure (the output's text/plain, for a reader without images)."""
+    return tr("fig_plain", lang, name=name, world_size=inputs.get("world_size", "?"))
+
+
+def show(name: str, inputs: dict) -> None:
+    """Display figure ``name`` in the learner's language as ``image/svg+xml``, its inputs in the
+    output's metadata (what ``tests/test_figures.py`` redraws it from)."""
+    text = svg(name, inputs)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        if get_ipython() is not None:
+            display({"image/svg+xml": text, "text/plain": title(name, inputs)}, raw=True,
+                     metadata={METADATA_KEY: {"name": name, "inputs": inputs}})
+            return
+    except ImportError:
+        pass
+    print(title(name, inputs))
