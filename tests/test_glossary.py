@@ -17,8 +17,9 @@ def table(title: str) -> list[tuple[str, str]]:
     """The two-column table under the ``### title`` heading of the glossary."""
     text = GLOSSARY.read_text(encoding="utf-8")
     section = text.split(f"### {title}", 1)[1].split("\n#", 1)[0]
-    rows = [line.strip().strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
-    out = [(a.strip().strip("`"), b.strip()) for a, b in rows[2:]]   # past the header and the rule
+    # cells split at unescaped pipes; "\\|" is a pipe inside a cell (a regular expression's alternation)
+    rows = [re.split(r"(?<!\\)\|", line.strip()[1:-1]) for line in section.splitlines() if line.startswith("|")]
+    out = [(a.strip().strip("`").replace("\\|", "|"), b.strip()) for a, b in rows[2:]]   # past the header and the rule
     assert out, f"no rows under '### {title}' in docs/glossary.md"
     return out
 
@@ -52,8 +53,23 @@ def chinese_texts():
         for cell in parse(src.read_text(encoding="utf-8"), src.name):
             if cell.kind == "md":
                 yield f"{src.relative_to(ROOT)}:{cell.line}", cell.text["zh"], src.stem
-    for path in [ROOT / "README.zh.md", *sorted((ROOT / "docs").glob("*.zh.md"))]:
+    for path in [ROOT / "README.zh.md", *sorted((ROOT / "docs").glob("*.zh.md")),
+                 *sorted((ROOT / "docs" / "answers" / "zh").glob("*.md"))]:
         yield str(path.relative_to(ROOT)), path.read_text(encoding="utf-8"), None
+
+
+def catalogue_texts():
+    """(where, text): the zh of every message in the course's catalogues (what a notebook prints)."""
+    import tomllib
+
+    for path in sorted((ROOT / "dtrain_lab").rglob("*.toml")):
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError:
+            continue
+        for key, entry in data.items():
+            if isinstance(entry, dict) and isinstance(entry.get("zh"), str):
+                yield f"{path.relative_to(ROOT)}:[{key}]", entry["zh"]
 
 
 def _excerpt(text: str, m) -> str:
@@ -77,9 +93,10 @@ def test_no_english_term_left_untranslated_in_chinese_prose():
 
 def test_no_rejected_chinese_variant():
     found = []
-    for where, text, _ in chinese_texts():
+    texts = [(where, text) for where, text, _ in chinese_texts()] + list(catalogue_texts())
+    for where, text in texts:
         for bad, good in VARIANTS:
-            for m in re.finditer(re.escape(bad), text):
+            for m in re.finditer(bad, text):
                 found.append(f"{where}: {bad} → {good}: …{_excerpt(text, m)}…")
     assert not found, "\n".join(found)
 
@@ -99,6 +116,13 @@ def test_collectives_are_glossed_on_first_use_in_each_lesson_and_lab():
                 first[(unit, name)] = "" if follows.startswith(f"（{gloss}") else f"{where}: …{_excerpt(words, m)}…"
     missing = [f"{name}（{dict(COLLECTIVES)[name]}）, first named at {at}" for (_, name), at in sorted(first.items()) if at]
     assert not missing, "collectives without their gloss on first use:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("text,bad", [("保存的激活", True), ("保存的激活值", False), ("激活检查点", False),
+                                      ("融合的注意力内核", True), ("notebook 内核", False), ("1F1B 的稳定阶段", True),
+                                      ("1F1B 的稳态", False)])
+def test_the_variant_patterns_tell_terms_apart(text, bad):
+    assert any(re.search(rx, text) for rx, _ in VARIANTS) is bad
 
 
 @pytest.mark.parametrize("text,ok", [("把钩子（hook）挂上", True), ("通信钩子*（communication hook）", True),
