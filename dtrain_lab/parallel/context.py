@@ -193,6 +193,13 @@ class _Ring:
         return recv
 
 
+def _log_block(stats, phase: str, step: int, rank: int, owner: int) -> None:
+    """Record, in ``stats["blocks"]``, whose K/V block (and in backward whose dK/dV accumulator)
+    ``rank`` worked on at ``step``: what lesson 13 draws the two rings from."""
+    if stats is not None:
+        stats.setdefault("blocks", []).append({"phase": phase, "step": step, "rank": rank, "owner": owner})
+
+
 def _add_work(stats, pairs, q, n) -> None:
     if stats is not None:
         b, h = q.shape[0], q.shape[1]
@@ -235,6 +242,7 @@ class _RingAttention(torch.autograd.Function):
         for s in range(p):
             pending = ring.start(kv) if s < p - 1 and overlap else None   # posted before the compute
             owner = (r - s) % p
+            _log_block(stats, "forward", s, r, owner)
             pairs = _pairs(mine, chunk_ids(owner, p, layout), n, causal)
             kva = kv.to(acc)
             for qs, ks, diag in pairs:
@@ -276,6 +284,7 @@ class _RingAttention(torch.autograd.Function):
         for s in range(p):
             kv_pending = ring.start(kv) if s < p - 1 and overlap else None
             owner = (r - s) % p
+            _log_block(stats, "backward", s, r, owner)
             mine_dkv = torch.zeros(kv.shape, dtype=acc, device=kv.device)
             kva = kv.to(acc)
             for qs, ks, diag in _pairs(mine, chunk_ids(owner, p, layout), n, causal):
@@ -306,7 +315,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     the ring then carries only the K/V heads). Returns this rank's rows of the output; differentiable (backward is a second ring).
     ``overlap=False`` waits for each K/V block before computing (to measure what overlap hides).
     ``stats`` (a dict) accumulates ``sends``, ``send_bytes`` and ``qk_pairs`` (query-key products this
-    rank computed, masked ones skipped).
+    rank computed, masked ones skipped), and lists in ``blocks`` whose K/V block each step used.
 
     The output, log-sum-exp and gradients accumulate in float32 (float64 for float64 input) and are
     cast to the input's dtype at the end; ``_acc_dtype`` forces another accumulation dtype (tests
