@@ -66,6 +66,37 @@ def traced(trace) -> dict[str, dict[str, int]]:
     return out
 
 
+def _merged(ranges: list[tuple[int, int]]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def held(flats, optimizer) -> dict[str, list[list[int]]]:
+    """What this rank holds when its optimizer steps, read from the objects themselves: element ranges
+    ``[a, b)`` of the model's parameters end to end (unpadded) for parameters, gradients and optimizer
+    state. ``flats``: the FlatShard of a ShardedOptimizer, or the units' of a ZeroStage3 (one per unit,
+    in parameter order). Lesson 05 draws its figure of the stages from these."""
+    kinds: dict[str, list] = {"params": [], "grads": [], "optimizer": []}
+    base = 0
+    for f in flats:
+        lo = f.rank * f.shard_numel
+        shard = (base + lo, base + min(lo + f.shard_numel, f.numel))
+        kinds["params"].append((base, base + f.numel) if f.full.untyped_storage().size() else shard)
+        kinds["grads"] += [(base + off, base + off + p.numel()) for p, off in zip(f.params, f.offsets)
+                           if p.grad is not None]                        # full gradients still alive
+        if f.grad is not None:
+            kinds["grads"].append((base + lo, base + min(lo + f.grad.numel(), f.numel)))
+        kinds["optimizer"] += [(base + lo + a, base + lo + b) for (_, a, b), pp in zip(f.pieces, f.piece_params)
+                               if optimizer.state.get(pp)]
+        base += f.numel
+    return {k: _merged([r for r in v if r[0] < r[1]]) for k, v in kinds.items()}
+
+
 def net_batch(n: int, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 6, generator=g), torch.randn(n, 4, generator=g)
@@ -150,8 +181,10 @@ def main() -> None:
                 for step in range(steps):
                     opt.zero_grad()
                     net_loss(model, *mine[step]).backward()
+                    opt.reduce_gradients()      # what step() does first: then record what this rank holds
+                    holding = held([opt.flat], opt.optimizer)
                     opt.step()
-            s12[f"{name}/{stage}"] = {
+            s12[f"{name}/{stage}"] = {"held": holding,
                 "max_diff": max_diff(model, ref), "state_bytes": opt.state_bytes(),
                 "state_numel": opt.optimizer_state_numel(), "comm_bytes": opt.comm_bytes,
                 "traced": traced(tr), "calls": opt.comm_calls,
@@ -229,10 +262,11 @@ def main() -> None:
             z.zero_grad()
             net_loss(z.module, *mine[step]).backward()
             norms.append(z.clip_grad_norm_(0.5).item())
+            holding = held(z.flats, z.optimizer)
             z.step()
     comm = z.comm_bytes                      # before gather_full_state_dict adds its own all-gathers
     gathered = z.gather_full_state_dict()
-    s3["net"] = {"max_diff": max_diff(gathered, ref), "norms": norms, "ref_norms": ref_norms, "params": raw(gathered),
+    s3["net"] = {"held": holding, "max_diff": max_diff(gathered, ref), "norms": norms, "ref_norms": ref_norms, "params": raw(gathered),
                  "units": [(u.name, u.flat.numel, u.flat.shard_numel) for u in z.units],
                  "state_bytes": z.state_bytes(), "state_numel": z.optimizer_state_numel(),
                  "comm_bytes": comm, "traced": traced(tr), "calls": z.comm_calls,
