@@ -141,8 +141,14 @@ def facts(group=None, device="cpu") -> dict:
 
     # MLP, attention, whole block
     dims_mlp = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1, "fc2.bias": None}
-    out["mlp"] = _compare_module(copy.deepcopy(mlp), TensorParallelMLP.from_linears(mlp.fc1, mlp.fc2, group),
-                                 x, probe_d, dims_mlp, group)
+    full_mlp = copy.deepcopy(mlp)
+    tp_mlp = TensorParallelMLP.from_linears(mlp.fc1, mlp.fc2, group)
+    out["mlp"] = _compare_module(full_mlp, tp_mlp, x, probe_d, dims_mlp, group)
+    # what this rank holds, for lesson 07's figure: each parameter's shape and the slice it was cut from
+    out["mlp"]["held"] = {"shapes": {n: list(q.shape) for n, q in tp_mlp.named_parameters()},
+                          "fc1_rows": list(tp_mlp.fc1.shard), "fc2_cols": list(tp_mlp.fc2.shard),
+                          "x_shape": list(x.shape), "full": {"fc1.weight": list(mlp.fc1.weight.shape),
+                                                             "fc2.weight": list(mlp.fc2.weight.shape)}}
 
     class Attn(nn.Module):          # the Block's attention alone, as a module of its own
         def __init__(self, b):
