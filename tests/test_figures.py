@@ -29,6 +29,9 @@ from dtrain_lab.figures import METADATA_KEY
 # lesson stem -> the figures it stores (in both languages)
 EXPECTED = {
     "01_collective_communication": ["ring_all_reduce"],
+    "05_zero_fsdp": ["zero_shards"],
+    "07_model_tensor_parallel": ["megatron_mlp"],
+    "13_context_expert_parallel": ["ring_attention", "moe_dispatch"],
 }
 
 
