@@ -140,3 +140,20 @@ def test_expert_parallel_equals_one_process(results, n):
             assert ms[s]["sent"][d] == ms[d]["received"][s]
     assert sum(m["dropped"] for m in ms.values()) > 0
     assert any(len(set(m["sent"])) > 1 for m in ms.values())          # uneven splits
+
+
+@pytest.mark.timeout(600)
+def test_top_k_argument(results):
+    """``ep_run --top-k 1`` (lesson 13, exercise 4): top-1 routing, still equal to one process, the
+    capacity ⌈T·k/E⌉ halved, fewer bytes than top-2, and the byte formula still exact."""
+    r = fork_launch("dtrain_lab.demos.ep_run", nproc=2, args=["--top-k", "1"], timeout=300, quiet=True,
+                    env={"DTRAIN_TEST_TAG": uuid.uuid4().hex})
+    assert r.ok, r.summary() + "\n" + "\n".join(x.output[-3000:] for x in r.ranks)
+    for rank, m in r.metrics.items():
+        top2 = results[2].metrics[rank]
+        assert (m["top_k"], top2["top_k"]) == (1, 2)
+        for key in ("out", "aux", "x", "w1", "w2", "w3", "router"):
+            assert m[key] < TOL, (rank, key, m[key])
+        assert (m["capacity"], top2["capacity"]) == (2, 4)                    # ⌈1.0 · 24 · k / 12⌉
+        assert m["comm"]["all_to_all"]["calls"] == m["formula"]["calls"] == 5
+        assert m["comm"]["all_to_all"]["bytes"] == m["formula"]["payload_bytes"] < top2["comm"]["all_to_all"]["bytes"]

@@ -2,10 +2,11 @@
 
     torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.ep_run
     torchrun --standalone --nproc-per-node 4 -m dtrain_lab.demos.ep_run
+    torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.ep_run --top-k 1
 
 Every rank draws its own ``T = 24`` tokens (seed = rank) and holds ``12 / world_size`` of the 12 experts of
-:class:`dtrain_lab.parallel.expert.MoE` (``d = 8``, hidden 16, top-2, capacity factor 1.0, so some
-assignments are dropped). One training step: loss = ``Σ y ∘ w + 0.01 · L_aux``. The reference is the
+:class:`dtrain_lab.parallel.expert.MoE` (``d = 8``, hidden 16, top-2 or ``--top-k K``, capacity factor
+1.0, so some assignments are dropped). One training step: loss = ``Σ y ∘ w + 0.01 · L_aux``. The reference is the
 same layer with all 12 experts on one process, run on every rank's tokens separately (routing and
 capacity are per batch, as in the EP run), losses summed. Each rank reports the largest difference of
 its output, of its tokens' gradient and of its experts' gradients (and of the router's, summed over
@@ -14,6 +15,8 @@ the dropped assignments and uneven splits, the All-to-All calls counted by ``Com
 calls and bytes the backend saw (profiler, :mod:`dtrain_lab.demos.commcount`), and what
 :func:`dtrain_lab.parallel.expert.moe_comm_bytes` predicts.
 """
+import argparse
+
 import torch
 import torch.distributed as dist
 
@@ -35,11 +38,14 @@ def weights() -> torch.Tensor:
 def main() -> None:
     from torch.distributed.tensor.debug import CommDebugMode
 
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--top-k", type=int, default=TOP_K, help="experts per token (lesson 13, exercise 4)")
+    top_k = ap.parse_args().top_k
     torch.set_num_threads(1)
     rt = runtime.current()
     p, r = rt.world_size, rt.rank
     torch.set_default_dtype(torch.float64)
-    moe = MoE(D, HIDDEN, E, TOP_K, CF, seed=0)                 # group=None: the world is the EP group
+    moe = MoE(D, HIDDEN, E, top_k, CF, seed=0)                 # group=None: the world is the EP group
     with counted() as comm, CommDebugMode() as cdm:
         x = tokens(r).requires_grad_()          # as inside a model: its gradient flows back too
         y, aux = moe(x)
@@ -49,7 +55,7 @@ def main() -> None:
     dist.all_reduce(router_grad)                               # the router is replicated: sum over ranks
     # reference: all experts on one process (a group of one rank), each rank's batch routed on its own
     solo = [dist.new_group([i]) for i in range(p)][r]         # every rank creates every group
-    ref = MoE(D, HIDDEN, E, TOP_K, CF, group=solo, seed=0)
+    ref = MoE(D, HIDDEN, E, top_k, CF, group=solo, seed=0)
     xs = [tokens(src).requires_grad_() for src in range(p)]
     ys = [ref(xx) for xx in xs]
     sum((yy * weights()).sum() + ALPHA * a for yy, a in ys).backward()
@@ -61,7 +67,7 @@ def main() -> None:
         w1=(moe.w1.grad - ref.w1.grad[mine]).abs().max().item(), w2=(moe.w2.grad - ref.w2.grad[mine]).abs().max().item(),
         w3=(moe.w3.grad - ref.w3.grad[mine]).abs().max().item(),
         router=(router_grad - ref.router.weight.grad).abs().max().item(),
-        grad_scale=ref.w1.grad.abs().max().item(), **stats, comm=comm, debug_counts=counts,
+        grad_scale=ref.w1.grad.abs().max().item(), top_k=top_k, **stats, comm=comm, debug_counts=counts,
         formula=moe_comm_bytes(stats["kept"], D, p, E, bytes_per_elem=8, received=sum(stats["received"]),
                                local=stats["sent"][r]))
 
