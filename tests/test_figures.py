@@ -29,8 +29,10 @@ from dtrain_lab.figures import METADATA_KEY
 # lesson stem -> the figures it stores (in both languages)
 EXPECTED = {
     "01_collective_communication": ["ring_all_reduce"],
+    "02_data_parallel": ["ddp_buckets"],
     "05_zero_fsdp": ["zero_shards"],
     "07_model_tensor_parallel": ["megatron_mlp"],
+    "10_hangs_and_deadlocks": ["hang_waits", "hang_waits"],
     "13_context_expert_parallel": ["ring_attention", "moe_dispatch"],
 }
 

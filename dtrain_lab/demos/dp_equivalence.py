@@ -14,12 +14,16 @@ batches of 16 samples of ``regression_dataset(seed=0)``, once per variant:
   hook that wraps PyTorch's ``allreduce_hook`` counts the buckets it reduces (no patching of ``dist``).
 
 Each rank reports, per variant, its final parameters (flattened) and what was communicated per step;
+for ``buckets`` and ``buckets_no_overlap`` also the events of the last step's backward
+(:attr:`DDP.on_event <dtrain_lab.parallel.ddp.DDP>`: gradients ready, buckets launched, waited for and
+done), each with its time in seconds since ``backward()`` was called;
 the notebook compares them with single-process training on the whole global batches. Then the
 unused-parameter case: a step in which ``BranchMLP``'s branch is skipped, first with our default DDP
 (a :class:`~dtrain_lab.parallel.ddp.DDPError` at the end of backward, reported, not raised), then with
 ``find_unused_parameters=True``.
 """
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -64,11 +68,16 @@ def train(variant: str, steps: int) -> dict:
         net = DDP(model, bucket_cap_mb=cap, overlap=variant != "buckets_no_overlap")
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     data = regression_dataset(n=256, d_in=16, d_out=4, seed=0)
-    per_step = []
+    per_step, events, start = [], [], [0.0]
+    if variant in ("buckets", "buckets_no_overlap"):    # the timing is the demo's, not DDP's
+        net.on_event = lambda e: events.append({**e, "t": time.perf_counter() - start[0]})
     for step in range(steps):
         x, y = (t.to(rt.device) for t in shard(global_batch(data, step, GLOBAL_BATCH), rt.rank, rt.world_size))
         opt.zero_grad(set_to_none=True)
-        F.mse_loss(net(x), y).backward()        # mean over this rank's shard
+        loss = F.mse_loss(net(x), y)            # mean over this rank's shard
+        events.clear()
+        start[0] = time.perf_counter()
+        loss.backward()
         if variant == "naive":
             per_step.append(naive_allreduce_grads(model)["collectives"])
         elif variant == "torch":
@@ -78,6 +87,9 @@ def train(variant: str, steps: int) -> dict:
             per_step.append(net.stats()["step_collectives"])
         opt.step()
     out = {"params": flat(model), "collectives_per_step": per_step}
+    if variant in ("buckets", "buckets_no_overlap"):
+        dist.barrier()          # every bucket's completion callback has run (the last step's events)
+        out["events"] = list(events)
     if isinstance(net, DDP):
         s = net.stats()
         out.update(buckets=s["bucket_params"], bucket_bytes=[4 * n for n in s["bucket_numels"]],

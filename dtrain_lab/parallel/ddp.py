@@ -58,6 +58,13 @@ hook fires. Frozen parameters (``requires_grad=False``) are broadcast at start a
 
 On a world of one (no process group, or a group of size 1) :class:`DDP` is the plain module.
 
+**Events** (what lesson 02 draws): set ``ddp.on_event`` to a function and it is called with a dict for
+each thing a synchronised backward does, in the order it does them: ``ready`` (a parameter's gradient
+is ready: ``param``, ``bucket``), ``launch`` (a bucket's all-reduce is issued), ``backward_end``
+(the autograd engine ran the final callback), ``wait`` (the callback has waited for a bucket), and
+``done`` (a bucket's all-reduce completed: from the communication thread, so its place among the others
+depends on timing). The function may add the time; this module measures nothing.
+
 Every collective goes through :class:`dtrain_lab.comm.counted.Comm`, which counts it:
 :meth:`DDP.stats` reports the collectives issued, the bytes all-reduced in the last synchronised step,
 the buckets launched while backward was still running, … The buckets, the view of a bucket a hook
@@ -142,6 +149,7 @@ class DDP(nn.Module):
         self._locator: list[tuple[int, int]] = []
         self._hook_handles: list[Any] = []
         self._comm_hook: tuple[Any, Any] | None = None
+        self.on_event: Any = None              # called with each event of a backward (module docstring)
         # counters (the rest are read from self._comm)
         self.init_collectives = 0
         self.sync_steps = 0
@@ -303,10 +311,15 @@ class DDP(nn.Module):
         else:  # divide while copying, like PyTorch's reducer: sum of grad/world = average
             torch.mul(g.detach().reshape(-1), 1.0 / self.world_size, out=view)
 
+    def _event(self, event: str, **fields) -> None:
+        if self.on_event is not None:
+            self.on_event({"event": event, **fields})
+
     def _mark_ready(self, i: int) -> None:
         self._ready[i] = True
         bucket = self.buckets[self._locator[i][0]]
         bucket.pending -= 1
+        self._event("ready", param=self.param_names[i], bucket=bucket.index)
         if self.overlap:
             self._copy_into_bucket(i)
             if bucket.pending == 0:
@@ -324,6 +337,10 @@ class DDP(nn.Module):
                                                      len(self.buckets)))
                 self._step_hook_calls += 1
             bucket.launched_in_backward = not self._in_finalize
+            if self.on_event is not None:
+                self._event("launch", bucket=bucket.index)
+                future = bucket.work.get_future() if hasattr(bucket.work, "get_future") else bucket.work
+                future.add_done_callback(lambda _f, b=bucket.index, tell=self.on_event: tell({"event": "done", "bucket": b}))
             self._step_launched_in_backward += bucket.launched_in_backward
             self._next_bucket += 1
 
@@ -331,6 +348,7 @@ class DDP(nn.Module):
         """Runs on the autograd engine when backward ends: wait for every bucket, write the averaged
         gradients back into ``param.grad``."""
         self._in_finalize = True
+        self._event("backward_end")
         try:
             if self.find_unused_parameters:  # parameters in the graph whose hook did not fire
                 for j in range(len(self._params)):
@@ -354,6 +372,7 @@ class DDP(nn.Module):
                 used_work = self._comm.all_reduce(used, async_op=True)
             for b in self.buckets:
                 result = b.work.wait()
+                self._event("wait", bucket=b.index)
                 if self._comm_hook is not None and result is not b.buffer:  # a hook's future: the average
                     b.buffer.copy_(result)
             if used_work is not None:
