@@ -74,6 +74,28 @@ def test_stored_figures_redraw_exactly_from_their_inputs(lang):
         assert fresh == svg, f"lessons/{lang}/{stem}: figure {name} differs from a redraw of its inputs"
 
 
+def test_every_stored_figure_has_a_png_copy_for_an_untrusted_notebook():
+    """JupyterLab shows SVG only in trusted outputs; a cloned lesson's outputs are not, so each stored
+    figure also carries a PNG (its size is the SVG's, drawn from the same inputs; the bytes may differ
+    across machines, so only the SVG is compared exactly)."""
+    import base64
+    import struct
+
+    for lang in ("en", "zh"):
+        for path in sorted((ROOT / "lessons" / lang).glob("*.ipynb")):
+            for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+                for o in cell.get("outputs", []):
+                    meta = o.get("metadata", {}).get(METADATA_KEY)
+                    if meta is None:
+                        continue
+                    assert "image/png" in o["data"], f"{path.relative_to(ROOT)}: {meta['name']} has no PNG copy"
+                    stored_png = base64.b64decode(o["data"]["image/png"])
+                    fresh = base64.b64decode(figures.png(meta["name"], meta["inputs"], lang))
+                    assert stored_png[:8] == b"\x89PNG\r\n\x1a\n"
+                    assert struct.unpack(">II", stored_png[16:24]) == struct.unpack(">II", fresh[16:24])
+                    assert b"Software" not in stored_png[:200]
+
+
 _REDRAW = """
 import json, sys
 from dtrain_lab import figures

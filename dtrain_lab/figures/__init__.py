@@ -108,18 +108,42 @@ def title(name: str, inputs: dict, lang: str | None = None) -> str:
     return tr("fig_plain", lang, name=name, world_size=inputs.get("world_size", "?"))
 
 
+def png(name: str, inputs: dict, lang: str | None = None) -> str:
+    """The figure as a base64 PNG (no metadata): what JupyterLab shows in a notebook it does not trust.
+
+    JupyterLab renders SVG only in trusted outputs (an SVG can carry script), and a freshly cloned
+    notebook's stored outputs are untrusted: without this copy a learner opening a lesson would see
+    only the figure's one-line title. GitHub and nbviewer show the SVG. The SVG is the reference
+    (``tests/test_figures.py`` compares it); this copy is drawn from the same inputs."""
+    import base64
+
+    lang = lang or get_lang()
+    with styled():
+        fig = render(name, inputs, lang)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def bundle(name: str, inputs: dict, lang: str | None = None) -> dict:
+    """The output's data: SVG, its PNG copy and the one-line title."""
+    return {"image/svg+xml": svg(name, inputs, lang), "image/png": png(name, inputs, lang),
+            "text/plain": title(name, inputs, lang)}
+
+
 def show(name: str, inputs: dict) -> None:
-    """Display figure ``name`` in the learner's language as ``image/svg+xml``, its inputs in the
-    output's metadata (what ``tests/test_figures.py`` redraws it from)."""
-    text = svg(name, inputs)
+    """Display figure ``name`` in the learner's language as ``image/svg+xml`` (with a PNG copy for an
+    untrusted notebook, :func:`png`), its inputs in the output's metadata (what
+    ``tests/test_figures.py`` redraws it from)."""
     try:
         from IPython import get_ipython
         from IPython.display import display
 
         if get_ipython() is not None:
-            display({"image/svg+xml": text, "text/plain": title(name, inputs)}, raw=True,
+            display(bundle(name, inputs), raw=True,
                      metadata={METADATA_KEY: {"name": name, "inputs": inputs}})
             return
     except ImportError:
         pass
+    svg(name, inputs)      # drawn all the same: a figure that cannot be drawn fails here too
     print(title(name, inputs))
