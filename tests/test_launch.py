@@ -45,6 +45,53 @@ def test_crash_of_one_rank_is_reported(run, start):
     assert "最先出错的 rank：1" in r.summary("zh")
 
 
+AFTER_RANK_0 = """\
+import sys, time
+import torch, torch.distributed as dist
+from dtrain_lab.jobs import runtime
+
+
+def main():
+    dist.all_reduce(torch.zeros(1))
+    if runtime.current().rank == 0:
+        if sys.argv[1] == "returns":
+            return
+        sys.exit(0)
+    time.sleep(1.0)                       # rank 0 has ended by now
+    if sys.argv[1] == "peer_gone":
+        dist.all_reduce(torch.zeros(1))   # gloo: its peer closed the connection
+    raise ValueError("rank 1 fails after rank 0 ended")
+
+
+if __name__ == "__main__":
+    runtime.entrypoint(main)
+"""
+
+
+# A regression: forked (torchrun's fork start method), a worker whose rank had succeeded stayed alive
+# (torchrun keeps a returned worker waiting for the others) and passed torchrun's SIGTERM on to its
+# rank, long gone; torchrun then waited its 30 s grace period before SIGKILL, and the launch said the
+# job hung. Now both start methods report rank 1's failure at once.
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("start", STARTS)
+@pytest.mark.parametrize("how", ["exits", "returns", "peer_gone"])
+def test_failure_after_a_rank_ended_normally_is_reported_at_once(run, start, how, tmp_path):
+    prog = tmp_path / "after_rank_0.py"
+    prog.write_text(AFTER_RANK_0)
+    t0 = time.monotonic()
+    r = run(prog, nproc=2, args=[how], timeout=25, start=start)
+    wall = time.monotonic() - t0
+    assert not r.hung and not r.ok and r.returncode != 0, r.summary()
+    assert r.first_failure == 1, r.summary()
+    if how == "peer_gone":
+        assert r.exception.startswith(("RuntimeError", "DistBackendError", "DistNetworkError", "DistError"))
+    else:
+        assert r.exception == "ValueError: rank 1 fails after rank 0 ended"
+    assert r.ranks[1].traceback and "after_rank_0.py" in r.ranks[1].traceback
+    assert r.ranks[0].exception is None, r.ranks[0].exception    # rank 0 ended well
+    assert r.startup is not None and wall - r.startup < 15, (wall, r.startup)   # not torchrun's 30 s
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("start", STARTS)
 def test_hang_is_reported_with_every_ranks_wait_site(run, start):

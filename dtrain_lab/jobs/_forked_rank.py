@@ -58,6 +58,13 @@ def main() -> None:
     child.pass_signals(pid, _FORWARDED)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # stack requests go to the rank itself
     status = os.waitpid(pid, 0)[1]
+    # The rank is gone (and its pid free for reuse): a signal is for this worker again. After a
+    # successful return torchrun's wrapper keeps the worker alive until every rank has finished, and
+    # when another rank fails it stops that waiting worker with SIGTERM; forwarded to nobody, it would
+    # be ignored, and torchrun would wait its 30 s grace period before SIGKILL and only then report
+    # the failure (a launch with a shorter limit reported the job as hung).
+    for sig in _FORWARDED:
+        signal.signal(sig, signal.SIG_DFL)
     if os.waitstatus_to_exitcode(status) != 0:   # (returning is how a function entrypoint succeeds)
         child.end_like(status)
 
