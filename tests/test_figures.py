@@ -32,6 +32,7 @@ EXPECTED = {
     "02_data_parallel": ["ddp_buckets"],
     "05_zero_fsdp": ["zero_shards"],
     "07_model_tensor_parallel": ["megatron_mlp"],
+    "09_checkpoint_recovery": ["restarts"],
     "10_hangs_and_deadlocks": ["hang_waits", "hang_waits"],
     "13_context_expert_parallel": ["ring_attention", "moe_dispatch"],
 }

@@ -387,3 +387,24 @@ def test_watchdog_names_the_stalled_rank(dcp_runs):
     assert reports[0]["age"] > 1.0
     msg = reports[0]["message"]
     assert "rank 1" in msg and "3" in msg and "看门狗" in msg and "watchdog" in msg
+
+
+def test_on_fault_is_told_before_a_fault_fires(tmp_path, monkeypatch):
+    """faults.on_fault (lesson 09 records which rank died where): called once per fired fault, before it fires."""
+    told, exits = [], []
+
+    def fake_exit(code):
+        exits.append((code, len(told)))
+        raise _Exit
+
+    monkeypatch.setattr(faults.os, "_exit", fake_exit)
+    monkeypatch.setattr(faults, "on_fault", told.append)
+    monkeypatch.setenv("DTRAIN_FAIL_AT_STEP", "3")
+    monkeypatch.setenv("DTRAIN_FAIL_RANK", "1")
+    monkeypatch.setenv("DTRAIN_FAIL_MODE", "exit")
+    monkeypatch.setenv("DTRAIN_FAIL_ONCE_FILE", str(tmp_path / "once"))
+    recovery.maybe_fail(3, rank=0)
+    assert told == []
+    with pytest.raises(_Exit):
+        recovery.maybe_fail(3, rank=1)
+    assert told == [{"mode": "exit", "rank": 1, "step": 3, "where": "step"}] and exits == [(13, 1)]

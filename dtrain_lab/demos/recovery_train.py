@@ -18,11 +18,15 @@ mid-epoch would draw once more than an uninterrupted one and its dropout masks w
 loader gets a generator of its own.
 
 Reports per attempt: ``attempt``, ``resumed_from`` (step, 0 for a fresh start), ``ckpt_files`` (what
-the folder held at start-up); at the end ``params`` (flattened, exact float32 values), ``steps``.
+the folder held at start-up), ``started_at``; at the end ``params`` (flattened, exact float32 values),
+``steps``. On the way, what lesson 09 draws, each with its ``attempt`` and wall-clock ``t``:
+``progress`` (a step done), ``saving`` and ``saved`` (rank 0, around a checkpoint save) and ``fault``
+(an injected fault, reported just before it fires: :data:`dtrain_lab.resilience.faults.on_fault`).
 """
 import os
 import random
 import sys
+import time
 
 import numpy as np
 import torch
@@ -32,7 +36,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from dtrain_lab.resilience import recovery
+from dtrain_lab.resilience import faults, recovery
 from dtrain_lab.jobs import runtime
 from dtrain_lab.data import regression_dataset
 
@@ -79,7 +83,12 @@ def main() -> None:
     step = 0
     if found[0] is not None:
         step, _ = recovery.restore(recovery.load(found[0]), ddp, opt, sched, sampler)
-    runtime.report(attempt=attempt, resumed_from=step, ckpt_files=files)
+    runtime.report(attempt=attempt, resumed_from=step, ckpt_files=files, started_at=time.time())
+
+    def event(kind: str, **fields) -> None:      # one line each: it survives a SIGKILL right after
+        runtime.report(**{kind: {"attempt": attempt, **fields, "t": time.time()}})
+
+    faults.on_fault = lambda f: event("fault", **f)
 
     for epoch in range(sampler.epoch, epochs):
         sampler.set_epoch(epoch)
@@ -93,10 +102,13 @@ def main() -> None:
             sched.step()
             step += 1
             recovery.heartbeat(hb_dir, step, rt.rank)
+            event("progress", step=step)
             if step % every == 0:
                 state = recovery.capture(ddp, opt, sched, sampler.position(i + 1, BATCH), step)
                 if rt.rank == 0:
+                    event("saving", step=step)
                     recovery.save(state, ckpt, step, keep=2)
+                    event("saved", step=step)
                 if rt.distributed:
                     dist.barrier()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

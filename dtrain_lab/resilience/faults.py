@@ -80,7 +80,14 @@ def _claim_once(path: str | None) -> bool:
     return True
 
 
+on_fault = None
+"""A program may set this to a function: it is called with ``{"mode", "rank", "step", "where"}`` just
+before an injected fault fires (lesson 09 records which rank died where, before it dies)."""
+
+
 def _die(cfg: dict, step: int, rank: int, where: str) -> None:
+    if on_fault is not None:
+        on_fault({"mode": cfg["mode"], "rank": rank, "step": step, "where": where})
     sys.stderr.write(both("rec_injected", mode=cfg["mode"], rank=rank, step=step, where=where) + "\n")
     with contextlib.suppress(Exception):
         sys.stdout.flush()
