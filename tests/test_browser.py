@@ -2,7 +2,9 @@
 installs) on JupyterLab started by `make lab`, driven through Selenium.
 
 What a learner meets: the landing page is the course's start page; lesson 00 runs to the end with no
-error; a widget renders once and answers a change; a zh plot draws Chinese with the course's font.
+error; a widget renders once and answers a change; a zh plot draws Chinese with the course's font; a
+lesson not yet run shows its stored figure (tools/browser_pass.py screenshots every figure for a person
+to look at).
 The notebook is run in the browser and never saved (autosave off in a throw-away settings folder),
 so the stored reference outputs are left alone.
 """
@@ -43,6 +45,8 @@ print("font:", font_manager.findfont(ax.title.get_fontproperties()).rsplit("/", 
 print("glyph warnings:", sum("Glyph" in str(w.message) for w in caught))
 viz.zero_memory_widget()"""
 
+FIGURE_LESSON = "lessons/zh/01_collective_communication.ipynb"   # stores the ring all-reduce figure
+
 # JavaScript run in the page (window.jupyterapp: LabApp.expose_app_in_browser)
 JS_OPEN = "window.jupyterapp.commands.execute('docmanager:open', {path: arguments[0]});"
 JS_STATE = """
@@ -59,6 +63,13 @@ for (let i = 0; i < model.cells.length; i++) {
   cells.push({count: c.executionCount, outputs: outs});
 }
 return JSON.stringify({path: panel.context.path, status: kernel ? kernel.status : null, cells: cells});
+"""
+JS_FIGURES = """
+const panel = window.jupyterapp.shell.currentWidget;
+if (!panel || !panel.context || panel.context.path !== arguments[0]) return null;
+const imgs = Array.from(panel.node.querySelectorAll('.jp-OutputArea-output.jp-RenderedImage img'));
+const sizes = imgs.filter(i => i.complete && i.naturalWidth > 0).map(i => [i.naturalWidth, i.naturalHeight]);
+return sizes.length ? sizes : null;
 """
 JS_APPEND_AND_RUN = """
 const panel = window.jupyterapp.shell.currentWidget;
@@ -81,6 +92,9 @@ def browser(tmp_path_factory):
     plugin = settings / "@jupyterlab" / "docmanager-extension"
     plugin.mkdir(parents=True)
     (plugin / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
+    tracker = settings / "@jupyterlab" / "notebook-extension"      # render every cell, not only those in view
+    tracker.mkdir(parents=True)
+    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     env = {"JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path_factory.mktemp("ws"))}
     opts = Options()
     opts.binary_location = CHROMIUM
@@ -161,4 +175,14 @@ def test_a_learner_in_the_browser(browser):
     assert "参数量" in widget_text and "7B" in widget_text and "1.750 GB" in widget_text, widget_text
     Select(boxes[0].find_element(By.TAG_NAME, "select")).select_by_visible_text("fp32")
     wait_for(lambda: "3.500 GB" in boxes[0].text, 20, "the widget to follow the change to fp32")
+
+    # 5. a stored figure shows as it is in a lesson the learner has not run (untrusted outputs: the PNG
+    #    copy; JupyterLab renders SVG only in trusted outputs), with its real size
+    driver.execute_script(JS_OPEN, FIGURE_LESSON)
+
+    def figure_shown():
+        driver.execute_script(JS_OPEN, FIGURE_LESSON)    # brings it forward again if another tab took focus
+        return driver.execute_script(JS_FIGURES, FIGURE_LESSON)
+    sizes = wait_for(figure_shown, 60, "the stored figure of " + FIGURE_LESSON)
+    assert all(w >= 600 and h >= 200 for w, h in sizes), sizes
     print(f"lesson 00 ran to the end {ran:.1f} s after the landing page; whole test {time.monotonic() - started:.1f} s")
