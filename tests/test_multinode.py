@@ -5,6 +5,8 @@ One job that succeeds (every check on its reports) and one where node 1 fails ri
 node 0 must then be stopped at once, and no process of either node may survive.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -52,15 +54,24 @@ def test_group_rank_comes_from_the_rendezvous(job):
     # one master for the whole job: the address and port of group rank 0, not the rendezvous port
     assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"] == "127.0.0.1"
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
-    # every rank saw the same table of (host, group rank, local rank, pid, agent pid), one row per rank
+    # every rank saw the same table of (host, group rank, local rank, pid, agent pid, the agent's
+    # rendezvous key), one row per rank
     everyone = job.gathered("everyone")
     assert everyone[0] == everyone[1]
     rows = everyone[0]
     assert [row[1] for row in rows] == [0, 1]
     assert len({row[3] for row in rows}) == 2 and len({row[4] for row in rows}) == 2
-    # torch's rule (dynamic_rendezvous.py): agents sorted by (address, pid) get group ranks 0, 1, ...
-    agent_pids = [row[4] for row in rows]           # in group-rank order
+    # torch's rule (dynamic_rendezvous.py): agents sorted by their _NodeDesc (address, pid, local id)
+    # get group ranks 0, 1, ...; the demo reads the key from the rendezvous's own state
+    keys = [tuple(row[5]) for row in rows]          # in group-rank order
+    assert keys == sorted(keys)
+    assert {k[0] for k in keys} == {"127.0.0.1"}    # run_local_nodes: --local-addr, so the pid decides
+    assert [row[4] for row in rows] == [k[1] for k in keys]
+    # a regression: the demo walked up /proc past the agent to the job's init, whose command line
+    # also names torch.distributed.run, and under load those pids were not in the agents' order
+    agent_pids = [row[4] for row in rows]
     assert agent_pids == sorted(agent_pids)
+    assert not set(agent_pids) & {row[3] for row in rows}
 
 
 def test_node_rank_is_ignored_and_results_are_renumbered(job):
@@ -198,6 +209,28 @@ def test_bad_arguments():
         cluster.run_local_nodes(DEMO, nproc=1.5)
     p = cluster.free_port()
     assert 1024 <= p <= 65535
+
+
+def test_demo_finds_the_rendezvous_endpoint_on_torchruns_command_line():
+    import subprocess
+    import sys
+
+    from dtrain_lab.demos import multinode_check as mc
+
+    cases = [(["--rdzv-endpoint", "10.0.0.7:29500"], ("10.0.0.7", 29500)),
+             (["--rdzv_endpoint=[::1]:1234"], ("::1", 1234)),
+             (["--rdzv-endpoint", "head-node"], ("head-node", 29400)),   # torchrun's default port
+             (["--standalone"], None)]
+    for args, expected in cases:
+        p = subprocess.Popen([sys.executable, "-c", "import sys; print(flush=True); sys.stdin.read()", "-m",
+                              "torch.distributed.run", *args, "prog.py"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            p.stdout.readline()                                          # it runs: its command line is set
+            assert mc._rdzv_endpoint(p.pid) == expected, args
+        finally:
+            p.communicate(b"")
+    assert mc._rdzv_endpoint(os.getpid()) is None                      # not a torchrun
+    assert mc.rendezvous_node() is None                                 # no rendezvous here
 
 
 def test_demo_runs_alone_in_a_world_of_one():

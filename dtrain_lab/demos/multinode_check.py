@@ -10,7 +10,11 @@ Each rank reports its global rank, local rank, group rank (which node), the worl
 torchelastic variables torchrun set, an all-reduce, and the parameters after one DDP step compared
 with the same step taken by one process on the whole (all ranks') batch.
 """
+import base64
+import datetime
+import gc
 import os
+import pickle
 import socket
 
 import torch
@@ -38,33 +42,67 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def _runs_torchrun(pid: int) -> bool:
+def _rdzv_endpoint(pid: int) -> tuple[str, int] | None:
+    """``--rdzv-endpoint HOST[:PORT]`` of the torchrun whose command line process ``pid`` runs (a
+    worker forked by torchrun keeps its agent's command line), or None (Linux ``/proc``)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read()
+            argv = f.read().decode(errors="replace").split("\0")
     except OSError:
-        return False
-    return b"torch.distributed.run" in cmd or b"torchrun" in cmd
+        return None
+    if "torch.distributed.run" not in argv and not any(a.endswith("torchrun") for a in argv):
+        return None
+    for i, a in enumerate(argv):
+        for flag in ("--rdzv-endpoint", "--rdzv_endpoint"):
+            if a == flag and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif a.startswith(flag + "="):
+                value = a[len(flag) + 1:]
+            else:
+                continue
+            host, sep, port = value.rpartition(":")
+            return (host.strip("[]"), int(port)) if sep else (value, 29400)   # torchrun's default port
+    return None
 
 
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def agent_pid() -> int:
-    """The PID of the torchrun agent that started this worker: the oldest of this process's
-    ancestors in a row that run torchrun. With torchrun's default start that is the parent; when
-    torchrun forks its workers (``--start-method fork``, what ``dtrain_lab.launch`` does on a CPU
-    machine) the forked processes keep the agent's command line, and the agent is further up.
-    Linux (``/proc``); elsewhere the parent."""
-    pid = os.getppid()
+def _node_in_memory():
+    """Torch's own ``_NodeDesc`` of this worker's agent, when the worker was forked from that agent
+    (``--start-method fork``): the agent's rendezvous handler is in this process's memory too."""
     try:
-        while _runs_torchrun(parent := _parent(pid)):
-            pid = parent
-    except (OSError, ValueError, IndexError):
-        return os.getppid()
-    return pid
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+    except ImportError:
+        return None
+    found = [o._this_node for o in gc.get_objects() if type(o) is DynamicRendezvousHandler]   # (no isinstance: ABCs warn)
+    return found[0] if len(found) == 1 else None
+
+
+def _node_in_store():
+    """Torch's own ``_NodeDesc`` of this worker's agent, read from the c10d rendezvous's state in its
+    store (``c10d_rendezvous_backend.py``: key ``torch.rendezvous.<run id>``, a base64 pickle): the
+    participant numbered ``GROUP_RANK``. The store's address is on the agent's command line."""
+    run_id, group_rank = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("GROUP_RANK")
+    endpoint = _rdzv_endpoint(os.getppid())
+    if not (run_id and group_rank and endpoint):
+        return None
+    try:
+        store = dist.TCPStore(*endpoint, is_master=False, timeout=datetime.timedelta(seconds=10))
+        state = pickle.loads(base64.b64decode(store.get("torch.rendezvous." + run_id)))
+    except Exception:  # noqa: BLE001 - not a c10d rendezvous, or its store has gone
+        return None
+    found = [node for node, rank in state.participants.items() if rank == int(group_rank)]
+    return found[0] if len(found) == 1 else None
+
+
+def rendezvous_node() -> tuple[str, int, int] | None:
+    """How torch's c10d rendezvous knows the torchrun agent that started this worker: its node
+    descriptor ``(address, pid, local id)`` (``dynamic_rendezvous.py``: ``_NodeDesc``; the pid is
+    that of the agent process, which created the rendezvous handler). The rendezvous sorts these
+    tuples and numbers them: the n-th smallest becomes ``GROUP_RANK`` n. Read from torch's state, not
+    guessed: in the rendezvous's store, else (no endpoint on the command line) in the worker's memory
+    when it was forked from the agent.
+    None without a c10d rendezvous."""
+    node = _node_in_store() or _node_in_memory()
+    return None if node is None else (node.addr, node.pid, node.local_id)
 
 
 def main() -> None:
@@ -75,8 +113,11 @@ def main() -> None:
     x = torch.tensor([float(rt.rank + 1)], device=rt.device)
     dist.all_reduce(x)
 
-    # 2. who is where: every rank's (host, group rank, local rank, pid, agent pid), gathered everywhere
-    me = (socket.gethostname(), int(env["GROUP_RANK"] or -1), rt.local_rank, os.getpid(), agent_pid())
+    # 2. who is where: every rank's (host, group rank, local rank, pid, agent pid, agent's rendezvous
+    #    key), gathered everywhere; the key is what the rendezvous sorted to number the nodes
+    node = rendezvous_node()
+    me = (socket.gethostname(), int(env["GROUP_RANK"] or -1), rt.local_rank, os.getpid(),
+          None if node is None else node[1], None if node is None else list(node))
     everyone: list = [None] * rt.world_size
     dist.all_gather_object(everyone, me)
 
