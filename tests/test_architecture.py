@@ -23,7 +23,7 @@ LAYERS = {
     "base": {"comm", "models", "data", "perfmodel", "i18n", "caps", "fonts", "sandbox"},
     "technique": {"parallel", "resilience", "nccl", "planner"},
     "jobs": {"jobs"},
-    "course": {"cli", "viz", "viz_plan", "bench", "demos", "grading", "authoring", "figures", "studytime"},
+    "course": {"cli", "viz", "viz_plan", "bench", "demos", "grading", "authoring", "figures", "studytime", "selfcheck"},
 }
 RANK = {"base": 0, "technique": 1, "jobs": 2, "course": 3}
 
