@@ -14,9 +14,7 @@ GREY, DARK = "#6E6E6E", "#4D4D4D"
 def inputs(nodes: list, everyone: list, start_order: list[int]) -> dict:
     """The figure's inputs from ``NodesResult.nodes``, one worker's ``everyone`` rows
     ``(host, group rank, local rank, pid, agent pid)`` and the ``start_order`` the nodes were started in."""
-    agent_of = {}
-    for _host, group_rank, _local, _pid, agent in everyone:
-        agent_of[group_rank] = agent
+    agent_of = {row[1]: row[4] for row in everyone}     # group rank -> its agent's pid
     by_pid = sorted(set(agent_of.values()))
     out = []
     for i in start_order:
