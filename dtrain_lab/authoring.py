@@ -354,7 +354,7 @@ def start_page():
     for lang in LANGS:
         rows = []
         for src in lessons:
-            lab = next((x for x in labs if x.stem.startswith(f"lab_{src.stem[:2]}_")), None)
+            lab = next((x for x in labs if x.stem.startswith(f"lab_{src.stem.split('_')[0]}_")), None)
             cell = f"[{_title(lab, lang)}](../labs/{lang}/{lab.stem}.ipynb)" if lab else ""
             rows.append(f"| [{_title(src, lang)}]({lang}/{src.stem}.ipynb) | {cell} |")
         md = tr("start_page", lang, lang_dir=lang, first=_title(lessons[0], lang),

@@ -51,7 +51,7 @@ def test_same_notebooks_in_both_languages(kind):
     en = [p.name for p in notebooks(kind, "en")]
     assert zh == en
     for name in zh:
-        assert re.match(r"^\d\d_[a-z0-9_]+\.ipynb$", name) or re.match(r"^lab_\d\d_[a-z0-9_]+\.ipynb$", name), name
+        assert re.match(r"^\d\d[a-z]?_[a-z0-9_]+\.ipynb$", name) or re.match(r"^lab_\d\d_[a-z0-9_]+\.ipynb$", name), name
 
 
 def pairs():

@@ -1,4 +1,4 @@
-"""The pitfalls lesson 02 shows live (dtrain_lab.demos.pitfalls) and the scaling table (dtrain_lab.demos.scaling):
+"""The pitfalls lessons 02 and 02b show live (dtrain_lab.demos.pitfalls) and the scaling table (dtrain_lab.demos.scaling):
 a second all-reduce on top of DDP makes the gradients p times those of one process (launched at 2 and
 3 ranks, against one process in the worker); next(iter(loader)) never leaves the first batch; the
 scaling table's arithmetic against perfmodel, and the measuring job's report at 3 ranks."""

@@ -33,7 +33,8 @@ N M K F p m k n v w x y g b c
 LEFT: dict[str, set[str]] = {
     "lessons/00_torchrun_process_group": set("""RANK Timed address at bad bash batch command complete entrypoint evaluate for found frozen in line local localhost main module node not nproc on operation out runpy set stderr stdout step this to waiting wrapper your""".split()),  # noqa: E501
     "lessons/01_collective_communication": set("""a after before floats got in naive on ring sent step world""".split()),  # noqa: E501
-    "lessons/02_data_parallel": set("""Expected XPU a batch be before buckets entrypoint epoch exact expected finished forward have in input iteration loss main module naive new on one or padded prior privateuseone reduction starting tensor the to""".split()),  # noqa: E501
+    "lessons/02_data_parallel": set("""Expected a batch before buckets finished forward have in iteration loss naive new one prior reduction starting the to""".split()),  # noqa: E501
+    "lessons/02b_data_parallel_practice": set("""XPU be entrypoint epoch exact expected forward in input loss main module on or padded privateuseone tensor to""".split()),  # noqa: E501
     "lessons/03_accumulation_mixed_precision": set("""Please accumulation autocast batch deprecated dtype effective eps init instead is linear matmul micro optimizer ours parameter relu scale size softmax steps sum use weight world""".split()),  # noqa: E501
     "lessons/04_gradient_compression": set("""none numel powersgd state top topk""".split()),  # noqa: E501
     "lessons/05_zero_fsdp": set("""Shard block dtype head partial""".split()),  # noqa: E501

@@ -1,4 +1,4 @@
-"""Lesson 02 §4–§7: the practices around a data-parallel training loop, one function each.
+"""Lesson 02b §1–§4: the practices around a data-parallel training loop, one function each.
 
     torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.dp_practices sampler_eval seeds sync_bn
     torchrun ... -m dtrain_lab.demos.dp_practices checkpoint --dir /tmp/ckpt

@@ -1,4 +1,4 @@
-"""Lesson 02 §6: batch normalisation with the statistics of the *global* batch, what
+"""Lesson 02b §3: batch normalisation with the statistics of the *global* batch, what
 ``torch.nn.SyncBatchNorm`` computes, written out with an all-reduce so that it also runs on CPU/gloo.
 
     torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.dp_practices sync_bn
