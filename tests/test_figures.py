@@ -34,6 +34,8 @@ EXPECTED = {
     "07_model_tensor_parallel": ["megatron_mlp"],
     "09_checkpoint_recovery": ["restarts"],
     "10_hangs_and_deadlocks": ["hang_waits", "hang_waits"],
+    "11_nccl_networking": ["nccl_paths"],
+    "12_multinode_clusters": ["rendezvous"],
     "13_context_expert_parallel": ["ring_attention", "moe_dispatch"],
 }
 

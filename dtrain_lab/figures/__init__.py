@@ -35,16 +35,17 @@ METADATA_KEY = "dtrain_lab_figure"   # where a notebook output keeps the figure'
 
 def _drawers() -> dict:
     from dtrain_lab.figures import context, ring, tensor, zero
-    from dtrain_lab.figures import buckets, hang, rendezvous, restarts
+    from dtrain_lab.figures import buckets, hang, paths, rendezvous, restarts
 
     return {"ring_all_reduce": ring.draw, "zero_shards": zero.draw, "megatron_mlp": tensor.draw,
             "ring_attention": context.draw_ring, "moe_dispatch": context.draw_dispatch,
             "hang_waits": hang.draw, "ddp_buckets": buckets.draw,
-            "restarts": restarts.draw, "rendezvous": rendezvous.draw}
+            "restarts": restarts.draw, "rendezvous": rendezvous.draw,
+            "nccl_paths": paths.draw}
 
 
 NAMES = ("ring_all_reduce", "zero_shards", "megatron_mlp", "ring_attention", "moe_dispatch",
-         "hang_waits", "ddp_buckets", "restarts", "rendezvous")
+         "hang_waits", "ddp_buckets", "restarts", "rendezvous", "nccl_paths")
 
 
 @functools.lru_cache(maxsize=1)
