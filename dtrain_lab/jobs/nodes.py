@@ -135,6 +135,20 @@ def _kill_marker(marker: str, node: int | None = None) -> bool:
     return running
 
 
+def _wait_for_agent(marker: str, node: int, thread: threading.Thread, limit: float) -> None:
+    """Until node ``node``'s init has started its torchrun agent (or its launch has ended, or
+    ``limit`` seconds have passed)."""
+    deadline = time.monotonic() + limit
+    while thread.is_alive() and time.monotonic() < deadline:
+        for p in _node_inits(marker, node):
+            try:
+                if p.children():
+                    return
+            except psutil.Error:
+                pass
+        time.sleep(0.02)
+
+
 def _alive(p) -> bool:
     try:
         return p.status() != psutil.STATUS_ZOMBIE
@@ -197,9 +211,9 @@ def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence
     ``timeout``/``startup_timeout`` are those of each launch; ``node_env`` adds variables to one
     node (e.g. to make only node 1 fail). When a node ends in failure, the other nodes' processes
     are killed at once. Each node's processes carry ``DTRAIN_SIM_NODE=<i>`` in their environment.
-    ``start_order`` (e.g. ``[1, 0]``) and ``stagger`` (seconds between starts) choose which agent
-    starts first: with c10d the earlier agent (lower pid) becomes group rank 0, whatever its
-    ``node_rank``.
+    ``start_order`` (e.g. ``[1, 0]``) and ``stagger`` (seconds from one node's agent process to the
+    next node's start) choose which agent starts first: with c10d the earlier agent (lower pid,
+    unless pids wrap around) becomes group rank 0, whatever its ``node_rank``.
     """
     if not isinstance(nnodes, int) or isinstance(nnodes, bool) or nnodes < 1:
         raise LabError("cl_bad_int", field="nnodes", value=nnodes, lo=1)
@@ -241,6 +255,11 @@ def run_local_nodes(target: str, nnodes: int = 2, nproc: int = 1, args: Sequence
         raise LabError("cl_bad_int", field="start_order", value=start_order, lo=0)
     for k, i in enumerate(order):
         if k and stagger > 0:
+            # from the moment the previous node's agent exists (its pid is its place in the
+            # rendezvous's order): a launch's own start-up can take longer than the stagger on a
+            # loaded machine, or the first time a process launches, and the agents would then start
+            # together, in either order
+            _wait_for_agent(marker, order[k - 1], threads[order[k - 1]], min(startup_timeout, 30.0))
             time.sleep(stagger)
         threads[i].start()
     killed: list[int] = []         # nodes whose running agent this runner killed
