@@ -1,4 +1,4 @@
-"""Lesson 13's widget: change a layout, watch memory per rank, communication and the bubble move.
+"""Lesson 14's widget: change a layout, watch memory per rank, communication and the bubble move.
 
 :func:`plan_widget` wraps :func:`dtrain_lab.planner.plan` (a dry run on fake tensors: the first look at
 a layout takes a second or two, a layout seen before is cached) in sliders for the five degrees, the

@@ -10,7 +10,7 @@ touching ``torch.distributed``::
     comm["all_to_all"]  # {"calls": 5, "bytes": 1234}
 
 Bytes are the payload of each call: the tensor given to it (for all_to_all the whole input buffer,
-for send/recv the message). Used by the lesson-13 demos and the planner's validation run.
+for send/recv the message). Used by the demos of lessons 13 and 14 and the planner's validation run.
 
 :func:`by_dimension` attributes each call to a parallel dimension: the library wraps its own calls in
 ``torch.profiler.record_function("dtrain:<dim>")`` (ring attention ``cp``, MoE ``ep``, gradient

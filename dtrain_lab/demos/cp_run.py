@@ -1,7 +1,7 @@
 """Lesson 13: ring attention (ours) against one process, and what PyTorch's context_parallel does on CPU.
 
     torchrun --standalone --nproc-per-node 2 -m dtrain_lab.demos.cp_run equal,torch
-    torchrun --standalone --nproc-per-node 4 -m dtrain_lab.demos.cp_run equal
+    torchrun --standalone --nproc-per-node 4 -m dtrain_lab.demos.cp_run equal,torch,ring
 
 Parts (comma-separated first argument):
 
@@ -16,6 +16,10 @@ Parts (comma-separated first argument):
   ``context_parallel`` picks by default) against our zig-zag order, and what
   ``torch.distributed.tensor.experimental.context_parallel`` raises when causal SDPA runs inside it on
   CPU (type and first line of the message).
+* ``ring`` — the bare ring that :func:`~dtrain_lab.parallel.context.ring_attention` runs inside (its
+  ``_Ring``), with nothing around it: :func:`pass_around` hands a block to the right neighbour
+  ``p − 1`` times with one ``batch_isend_irecv`` per step; each rank reports whose block it held at
+  each step.
 * ``overlap`` — wall time of a larger ring attention forward+backward with the K/V exchange posted
   before the compute and with it waited for first (not asserted: CPU timings under load).
 """
@@ -63,6 +67,28 @@ def part_equal() -> dict:
             "grad_norm": max(b.grad.abs().max().item() for b in leaves),
             **stats, "formula": ring_comm_bytes(2, kv_heads, seq, 8, p, bytes_per_elem=8)}
     return out
+
+
+def pass_around(block: torch.Tensor) -> list[torch.Tensor]:
+    """The ring of ring attention, bare: every rank sends its block right and receives from the left,
+    p − 1 times; returns the blocks it held, its own first (step s: the block of rank r − s)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    held = [block]
+    for _ in range(p - 1):
+        recv = torch.empty_like(block)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, held[-1], (rank + 1) % p),   # to the right
+                                       dist.P2POp(dist.irecv, recv, (rank - 1) % p)])      # from the left
+        # ring attention computes on held[-1] here, while the exchange is under way
+        for req in reqs:
+            req.wait()
+        held.append(recv)
+    return held
+
+
+def part_ring() -> dict:
+    rank = dist.get_rank()
+    held = pass_around(torch.full((2, 3), float(rank)))      # a stand-in for this rank's K/V block
+    return {"held": [int(b[0, 0]) for b in held]}
 
 
 def part_torch() -> dict:
@@ -114,6 +140,8 @@ def main() -> None:
         result["equal"] = part_equal()
     if "torch" in parts:
         result["torch"] = part_torch()
+    if "ring" in parts:
+        result["ring"] = part_ring()
     if "overlap" in parts:
         result["overlap"] = part_overlap()
     runtime.report(**result)

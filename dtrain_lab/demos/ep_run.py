@@ -13,7 +13,9 @@ its output, of its tokens' gradient and of its experts' gradients (and of the ro
 ranks) from the reference,
 the dropped assignments and uneven splits, the All-to-All calls counted by ``CommDebugMode``, the
 calls and bytes the backend saw (profiler, :mod:`dtrain_lab.demos.commcount`), and what
-:func:`dtrain_lab.parallel.expert.moe_comm_bytes` predicts.
+:func:`dtrain_lab.parallel.expert.moe_comm_bytes` predicts. Afterwards :func:`uneven_all_to_all` runs
+``all_to_all_single`` bare, with uneven splits (outside the counted step), and each rank reports the
+rows it received.
 """
 import argparse
 
@@ -25,6 +27,19 @@ from dtrain_lab.jobs import runtime
 from dtrain_lab.parallel.expert import MoE, moe_comm_bytes
 
 E, D, HIDDEN, T, TOP_K, CF, ALPHA = 12, 8, 16, 24, 2, 1.0, 0.01
+
+
+def uneven_all_to_all() -> list[float]:
+    """``all_to_all_single`` with uneven splits, bare: rank r sends r + j + 1 rows to rank j, each row
+    tagged 10·r + j; the counts go first, so every rank knows how many rows will arrive."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    send = [rank + j + 1 for j in range(p)]                                    # rows for rank j
+    recv = torch.empty(p, dtype=torch.long)
+    dist.all_to_all_single(recv, torch.tensor(send))                           # how many rows arrive from each rank
+    x = torch.cat([torch.full((n, 1), 10.0 * rank + j) for j, n in enumerate(send)])
+    y = x.new_empty(int(recv.sum()), 1)
+    dist.all_to_all_single(y, x, output_split_sizes=recv.tolist(), input_split_sizes=send)
+    return y.reshape(-1).tolist()
 
 
 def tokens(rank: int) -> torch.Tensor:
@@ -61,8 +76,9 @@ def main() -> None:
     sum((yy * weights()).sum() + ALPHA * a for yy, a in ys).backward()
     mine = slice(moe.first, moe.first + moe.local)
     counts = {str(k).split(".")[-1]: v for k, v in cdm.get_comm_counts().items()}
+    uneven = uneven_all_to_all()                               # after the counted step: its bytes are apart
     runtime.report(
-        out=(y - ys[r][0]).abs().max().item(), aux=abs(aux.item() - ys[r][1].item()),
+        uneven=uneven, out=(y - ys[r][0]).abs().max().item(), aux=abs(aux.item() - ys[r][1].item()),
         x=(x.grad - xs[r].grad).abs().max().item(),
         w1=(moe.w1.grad - ref.w1.grad[mine]).abs().max().item(), w2=(moe.w2.grad - ref.w2.grad[mine]).abs().max().item(),
         w3=(moe.w3.grad - ref.w3.grad[mine]).abs().max().item(),

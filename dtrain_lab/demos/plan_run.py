@@ -1,4 +1,4 @@
-"""Lesson 13: small layouts of all five dimensions run for real, against one process and the planner.
+"""Lesson 14: small layouts of all five dimensions run for real, against one process and the planner.
 
     torchrun --standalone --nproc-per-node 4 -m dtrain_lab.demos.plan_run
 

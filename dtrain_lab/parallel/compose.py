@@ -1,4 +1,4 @@
-"""All five parallelisms in one transformer block: what lesson 13's layouts and the planner run.
+"""All five parallelisms in one transformer block: what lesson 14's layouts and the planner run.
 
 A Llama-style block (Touvron et al. 2023; Dubey et al. 2024, *The Llama 3 Herd of Models*): RMSNorm,
 causal self-attention with grouped-query heads, residual; RMSNorm, SwiGLU MLP (Shazeer 2020) or an MoE
