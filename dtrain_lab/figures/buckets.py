@@ -27,7 +27,7 @@ def _panel(ax, events: list[dict], nb: int, title: str, lang: str) -> None:
     ax.set_xlim(-0.6, n - 0.4)
     ax.set_ylim(len(rows) - 0.45, -0.6)
     ax.set_yticks(range(len(rows)), rows)
-    ax.set_xticks(range(n), [str(i + 1) for i in range(n)], fontsize=7)
+    ax.set_xticks(range(n), [str(i + 1) for i in range(n)], fontsize=9)
     ax.tick_params(length=0)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
@@ -35,30 +35,32 @@ def _panel(ax, events: list[dict], nb: int, title: str, lang: str) -> None:
     for x, e in enumerate(events):
         kind = e["event"]
         if kind == "ready":
-            box(ax, x, 0, tr("fig_ddp_ready", lang, param=e["param"]), color(e["bucket"]), w=0.94, h=0.7, size=6.5)
+            box(ax, x, 0, tr("fig_ddp_ready", lang, param="\n".join(e["param"].rsplit(".", 1))), color(e["bucket"]),
+                w=0.94, h=0.8, size=9)
         elif kind == "launch":
             launched[e["bucket"]] = x
-            box(ax, x, 1 + e["bucket"], tr("fig_ddp_launch", lang, b=e["bucket"]), color(e["bucket"]), w=0.94, h=0.7, size=6.5)
+            box(ax, x, 1 + e["bucket"], tr("fig_ddp_launch", lang, b=e["bucket"]), color(e["bucket"]), w=0.94, h=0.8, size=9)
         elif kind == "wait":
             b = e["bucket"]
             if b in launched and x - launched[b] > 1:
                 ax.plot([launched[b] + 0.47, x - 0.47], [1 + b, 1 + b], color=color(b), linewidth=1.2, linestyle=":")
-            box(ax, x, 1 + b, tr("fig_ddp_wait", lang, b=b), color(b), w=0.94, h=0.7, size=6.5)
+            box(ax, x, 1 + b, tr("fig_ddp_wait", lang, b=b), color(b), w=0.94, h=0.8, size=9)
         elif kind == "backward_end":
             ax.axvline(x, color="black", linewidth=0.9, linestyle="--")
-            ax.text(x, -0.55, tr("fig_ddp_backward_end", lang), ha="center", va="bottom", fontsize=7.5)
-    ax.set_title(title, fontsize=9, loc="left", pad=14)
+            ax.text(x, -0.55, tr("fig_ddp_backward_end", lang), ha="center", va="bottom", fontsize=9)
+    ax.set_title(title, fontsize=10, loc="left", pad=14)
+    ax.tick_params(axis="y", labelsize=9)
 
 
 def draw(data: dict, lang: str):
     nb = len(data["buckets"])
     n = max(len(ev) for ev in data["variants"].values())
-    fig = new_figure(0.95 * n + 2.2, 2 * (0.55 * (nb + 1) + 1.0) + 0.8)
+    fig = new_figure(0.8 * n + 2.0, 2 * (0.8 * (nb + 1) + 1.1) + 0.8)
     axes = fig.subplots(2, 1)
     for ax, v, key in zip(axes, VARIANTS, ("fig_ddp_overlap", "fig_ddp_no_overlap")):
         _panel(ax, data["variants"][v], nb, tr(key, lang), lang)
-    axes[-1].set_xlabel(tr("fig_ddp_xlabel", lang), fontsize=8)
-    fig.suptitle(tr("fig_ddp_title", lang, p=data["world_size"], nb=nb), fontsize=10)
+    axes[-1].set_xlabel(tr("fig_ddp_xlabel", lang), fontsize=9)
+    fig.suptitle(tr("fig_ddp_title", lang, p=data["world_size"], nb=nb), fontsize=11)
     fig.tight_layout()
     return fig
 

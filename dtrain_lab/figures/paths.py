@@ -94,31 +94,32 @@ def _draw_on(ax, data: dict, text) -> None:
     at = _places(data)
     n = max(data["gpus"], 2)
     if data["nvswitch"]:
-        box(ax, (n - 1) / 2, 0.0, text("fig_paths_nvswitch"), DARK, w=n - 0.1, h=0.45, size=7.5)
+        box(ax, (n - 1) / 2, 0.0, text("fig_paths_nvswitch"), DARK, w=n - 0.1, h=0.45, size=9)
     for i in range(data["gpus"]):
-        box(ax, i, 1.0, text("fig_paths_gpu", i=i), "#76B900", w=0.8, h=0.55, size=7.5)
+        box(ax, i, 1.0, text("fig_paths_gpu", i=i), "#4E7A00", w=0.8, h=0.55, size=9)
     for k, sw in enumerate(data["switches"]):
         x, y = at[f"switch:{k}"]
-        box(ax, x, y, text("fig_paths_switch"), GREY, w=max(len(sw["gpus"]), 1) - 0.2, h=0.45, size=7)
+        box(ax, x, y, text("fig_paths_switch"), GREY, w=max(len(sw["gpus"]), 1) - 0.2, h=0.45, size=8.5)
         for nic in sw["nics"]:
-            box(ax, *at[f"nic:{nic}"], text("fig_paths_nic", n=nic), GREY, w=0.42, h=0.5, size=6)
+            box(ax, *at[f"nic:{nic}"], text("fig_paths_nic", n=nic), GREY, w=0.42, h=0.5, size=7.5)
     for c in range(data["cpus"]):
-        box(ax, *at[f"cpu:{c}"], text("fig_paths_cpu", c=c), GREY, w=1.5, h=0.6, size=7.5)
-    box(ax, *at["eth"], text("fig_paths_eth"), GREY, w=1.2, h=0.5, size=7)
+        box(ax, *at[f"cpu:{c}"], text("fig_paths_cpu", c=c), GREY, w=1.5, h=0.6, size=9)
+    box(ax, *at["eth"], text("fig_paths_eth"), GREY, w=1.2, h=0.5, size=8.5)
     if any(sw["nics"] for sw in data["switches"]) or any("ib_fabric" in p["via"] for p in data["paths"]):
-        box(ax, *at["ib_fabric"], text("fig_paths_ib_fabric"), LIGHT, w=1.3, h=0.5, size=7)
-    box(ax, *at["ip_network"], text("fig_paths_ip"), LIGHT, w=1.3, h=0.5, size=7)
-    box(ax, *at["remote"], text("fig_paths_remote"), LIGHT, w=1.3, h=2.6, size=7.5)
+        box(ax, *at["ib_fabric"], text("fig_paths_ib_fabric"), LIGHT, w=1.3, h=0.5, size=8.5)
+    box(ax, *at["ip_network"], text("fig_paths_ip"), LIGHT, w=1.3, h=0.5, size=8.5)
+    box(ax, *at["remote"], text("fig_paths_remote"), LIGHT, w=1.3, h=2.6, size=9)
     for k, path in enumerate(data["paths"]):
         key, c = TRANSPORTS[path["transport"]]
         off = 0.06 * (k - (len(data["paths"]) - 1) / 2)
         xs, ys = zip(*[(x + off, y + off) for x, y in _route(at, path["via"])])
-        ax.plot(xs, ys, color=color(c), linewidth=3, alpha=0.85, solid_capstyle="round", zorder=4,
+        # under the boxes (patches 1, text 3): a path joins the boxes' edges and never covers a label
+        ax.plot(xs, ys, color=color(c), linewidth=3, alpha=0.85, solid_capstyle="round", zorder=0.5,
                 label=text(key))
     ax.set_xlim(-0.7, n + 3.4)
     ax.set_ylim(6.0, -0.5)
     ax.axis("off")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.01), fontsize=7.5, frameon=False, ncol=1)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.01), fontsize=9, frameon=False, ncol=1)
 
 
 def draw(data: dict, lang: str):
