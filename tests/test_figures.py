@@ -162,6 +162,7 @@ def test_the_figures_module_stays_in_the_course_layer():
            for line, mod in _imports(p) if mod.startswith(forbidden) or mod == "dtrain_lab"]
     assert not bad, bad
     users = [f"{p.relative_to(ROOT)} imports {mod}" for p in _files()
-             if _module_name(p).split(".")[1:2] and _module_name(p).split(".")[1] in ("comm", "parallel", "resilience", "nccl", "planner", "models", "data")
+             if _module_name(p).split(".")[1:2]
+             and _module_name(p).split(".")[1] in ("comm", "parallel", "resilience", "nccl", "planner", "models", "data")
              for _, mod in _imports(p) if mod.startswith("dtrain_lab.figures")]
     assert not users, f"technique and base code must not draw: {users}"

@@ -266,7 +266,8 @@ def main() -> None:
             z.step()
     comm = z.comm_bytes                      # before gather_full_state_dict adds its own all-gathers
     gathered = z.gather_full_state_dict()
-    s3["net"] = {"held": holding, "max_diff": max_diff(gathered, ref), "norms": norms, "ref_norms": ref_norms, "params": raw(gathered),
+    s3["net"] = {"held": holding, "max_diff": max_diff(gathered, ref), "norms": norms, "ref_norms": ref_norms,
+                 "params": raw(gathered),
                  "units": [(u.name, u.flat.numel, u.flat.shard_numel) for u in z.units],
                  "state_bytes": z.state_bytes(), "state_numel": z.optimizer_state_numel(),
                  "comm_bytes": comm, "traced": traced(tr), "calls": z.comm_calls,

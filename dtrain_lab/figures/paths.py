@@ -27,8 +27,8 @@ TRANSPORTS = {"p2p_nvlink": ("fig_paths_p2p_nvlink", 2), "p2p_pcie": ("fig_paths
 def node() -> dict:
     """The DGX-like node of ``node_topology.toml`` as the figure's inputs (plain JSON data)."""
     data = tomllib.loads((Path(__file__).with_name("node_topology.toml")).read_text(encoding="utf-8"))
-    return {"name": data["name"], "world_size": data["gpus"], "gpus": data["gpus"], "nvswitch": data["nvswitch"], "cpus": data["cpus"],
-            "switches": data["switch"], "paths": data["path"]}
+    return {"name": data["name"], "world_size": data["gpus"], "gpus": data["gpus"], "nvswitch": data["nvswitch"],
+            "cpus": data["cpus"], "switches": data["switch"], "paths": data["path"]}
 
 
 def here(report: dict) -> dict:
