@@ -298,6 +298,7 @@ def execute(nb, cwd: Path, timeout: int = 900):
                    resources={"metadata": {"path": str(cwd)}}).execute()
     clean_outputs(nb)
     nb.metadata["language_info"] = {"name": "python"}   # not this machine's Python version: as build writes it
+    nb.metadata.pop("widgets", None)    # nbclient's saved widget state: random model ids, a widget is live only
     return nb
 
 

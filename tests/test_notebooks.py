@@ -125,6 +125,7 @@ def test_stored_outputs_hold_no_measurements():
     for kind in KINDS:
         for lang in ("zh", "en"):
             for path in notebooks(kind, lang):
+                assert "widgets" not in load(path)["metadata"], f"{path}: a saved widget state (random model ids)"
                 for i, cell in enumerate(load(path)["cells"]):
                     if cell["cell_type"] != "code":
                         continue
