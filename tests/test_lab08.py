@@ -162,7 +162,7 @@ def test_simulation_finds_deadlocks_and_mismatched_messages():
 P0, M0 = PRACTICE.inputs[0]["schedule_cases"][0]   # the first case, shown when GPipe's order comes in
 WRONG_SCHEDULES = {
     "schedule_gpipe.py": (f"stage 0 keeps {M0} micro-batches alive; 1F1B keeps at most {P0}", "GPipe's order",
-                          f"阶段 0 同时保留了 {M0} 个微批次的激活；1F1B 最多保留 {P0} 个", "GPipe 的顺序"),
+                          f"阶段 0 同时保留了 {M0} 个微批次的激活值；1F1B 最多保留 {P0} 个", "GPipe 的顺序"),
     "schedule_warmup_p_minus_s.py": (f"stage 0 keeps {P0 + 1} micro-batches alive", "your warm-up is p − s forwards",
                                      f"同时保留了 {P0 + 1} 个", "预热是 p − s 次前向"),
     "schedule_uncapped.py": ("micro-batches 0…", "the warm-up is min(p − s − 1, m)", "各做一次", "min(p − s − 1, m)"),
