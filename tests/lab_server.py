@@ -61,3 +61,49 @@ def make_lab(*extra: str, env: dict | None = None):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# ------------------------------------------------------------------ JupyterLab in headless Chromium
+# (tests/test_browser.py and tools/browser_pass.py; window.jupyterapp: LabApp.expose_app_in_browser)
+JS_OPEN = "window.jupyterapp.commands.execute('docmanager:open', {path: arguments[0]});"
+JS_STATE = """
+const panel = window.jupyterapp.shell.currentWidget;
+if (!panel || !panel.content || !panel.content.model || !panel.sessionContext.session) return null;
+const kernel = panel.sessionContext.session.kernel;
+const cells = [];
+const model = panel.content.model;
+for (let i = 0; i < model.cells.length; i++) {
+  const c = model.cells.get(i);
+  if (c.type !== 'code') continue;
+  const outs = [];
+  for (let j = 0; j < c.outputs.length; j++) outs.push(c.outputs.get(j).toJSON());
+  cells.push({count: c.executionCount, outputs: outs});
+}
+return JSON.stringify({path: panel.context.path, status: kernel ? kernel.status : null, cells: cells});
+"""
+
+
+def lab_env(settings, workspaces) -> dict:
+    """JupyterLab's settings for a browser run: notebooks never saved (autosave off: the stored outputs
+    stay as they are) and every cell rendered, not only those in view (no windowing)."""
+    import json
+    from pathlib import Path
+
+    for plugin, name, value in (("docmanager-extension", "plugin", {"autosave": False}),
+                                ("notebook-extension", "tracker", {"windowingMode": "none"})):
+        folder = Path(settings) / "@jupyterlab" / plugin
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.jupyterlab-settings").write_text(json.dumps(value))
+    return {"JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(workspaces)}
+
+
+def chrome_options(binary: str, width: int = 1400):
+    """Headless Chromium, as root in a container too."""
+    from selenium.webdriver.chrome.options import Options
+
+    opts = Options()
+    opts.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", f"--window-size={width},1000"):
+        opts.add_argument(arg)
+    return opts
+

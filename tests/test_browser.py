@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from lab_server import TOKEN, make_lab
+from lab_server import JS_OPEN, JS_STATE, TOKEN, chrome_options, lab_env, make_lab
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 DRIVER = shutil.which("chromedriver")
@@ -47,23 +47,7 @@ viz.zero_memory_widget()"""
 
 FIGURE_LESSON = "lessons/zh/01_collective_communication.ipynb"   # stores the ring all-reduce figure
 
-# JavaScript run in the page (window.jupyterapp: LabApp.expose_app_in_browser)
-JS_OPEN = "window.jupyterapp.commands.execute('docmanager:open', {path: arguments[0]});"
-JS_STATE = """
-const panel = window.jupyterapp.shell.currentWidget;
-if (!panel || !panel.content || !panel.content.model || !panel.sessionContext.session) return null;
-const kernel = panel.sessionContext.session.kernel;
-const cells = [];
-const model = panel.content.model;
-for (let i = 0; i < model.cells.length; i++) {
-  const c = model.cells.get(i);
-  if (c.type !== 'code') continue;
-  const outs = [];
-  for (let j = 0; j < c.outputs.length; j++) outs.push(c.outputs.get(j).toJSON());
-  cells.push({count: c.executionCount, outputs: outs});
-}
-return JSON.stringify({path: panel.context.path, status: kernel ? kernel.status : null, cells: cells});
-"""
+# JavaScript run in the page: JS_OPEN, JS_STATE (lab_server) and these
 JS_FIGURES = """
 const panel = window.jupyterapp.shell.currentWidget;
 if (!panel || !panel.context || panel.context.path !== arguments[0]) return null;
@@ -85,21 +69,10 @@ window.jupyterapp.commands.execute('notebook:insert-cell-below').then(() => {
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
-    from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
-    settings = tmp_path_factory.mktemp("lab-settings")
-    plugin = settings / "@jupyterlab" / "docmanager-extension"
-    plugin.mkdir(parents=True)
-    (plugin / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
-    tracker = settings / "@jupyterlab" / "notebook-extension"      # render every cell, not only those in view
-    tracker.mkdir(parents=True)
-    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
-    env = {"JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path_factory.mktemp("ws"))}
-    opts = Options()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000"):
-        opts.add_argument(arg)
+    env = lab_env(tmp_path_factory.mktemp("lab-settings"), tmp_path_factory.mktemp("ws"))
+    opts = chrome_options(CHROMIUM)
     with make_lab("--LabApp.expose_app_in_browser=True", env=env) as url:
         driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
         try:

@@ -23,28 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from lab_server import TOKEN, make_lab  # noqa: E402
+from lab_server import JS_OPEN, JS_STATE, TOKEN, chrome_options, lab_env, make_lab  # noqa: E402
 
 OUT = ROOT / "build" / "screenshots"
-JS_OPEN = "window.jupyterapp.commands.execute('docmanager:open', {path: arguments[0]});"
-JS_STATE = """
-const panel = window.jupyterapp.shell.currentWidget;
-if (!panel || !panel.content || !panel.content.model || !panel.sessionContext.session) return null;
-const kernel = panel.sessionContext.session.kernel;
-const cells = [];
-const model = panel.content.model;
-for (let i = 0; i < model.cells.length; i++) {
-  const c = model.cells.get(i);
-  if (c.type !== 'code') continue;
-  let err = null;
-  for (let j = 0; j < c.outputs.length; j++) {
-    const o = c.outputs.get(j).toJSON();
-    if (o.output_type === 'error') err = o.ename + ': ' + o.evalue;
-  }
-  cells.push({count: c.executionCount, error: err});
-}
-return JSON.stringify({path: panel.context.path, status: kernel ? kernel.status : null, cells: cells});
-"""
 FIGURES = ".jp-OutputArea-output.jp-RenderedSVG, .jp-OutputArea-output.jp-RenderedImage"
 
 
@@ -81,21 +62,10 @@ def main(argv=None) -> int:
         print("no chromium/chromedriver on PATH: nothing to do")
         return 2
     from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
-    settings = Path(tempfile.mkdtemp(prefix="lab-settings-"))
-    plugin = settings / "@jupyterlab" / "docmanager-extension"
-    plugin.mkdir(parents=True)
-    (plugin / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
-    tracker = settings / "@jupyterlab" / "notebook-extension"     # render every cell, not only those in view
-    tracker.mkdir(parents=True)
-    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
-    env = {"JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": tempfile.mkdtemp(prefix="ws-")}
-    opts = Options()
-    opts.binary_location = chromium
-    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,1000"):
-        opts.add_argument(a)
+    env = lab_env(tempfile.mkdtemp(prefix="lab-settings-"), tempfile.mkdtemp(prefix="ws-"))
+    opts = chrome_options(chromium, width=1280)
     index, problems = [], []
     with make_lab("--LabApp.expose_app_in_browser=True", env=env) as url:
         driver = webdriver.Chrome(service=Service(driver_bin), options=opts)
@@ -121,6 +91,9 @@ def main(argv=None) -> int:
 
                         def done():
                             s = json.loads(driver.execute_script(JS_STATE) or "null")
+                            for c in (s or {}).get("cells", []):
+                                c["error"] = next((f"{o['ename']}: {o['evalue']}" for o in c["outputs"]
+                                                   if o["output_type"] == "error"), None)
                             if s and any(c["error"] for c in s["cells"]):
                                 return s
                             return s if s and s["status"] == "idle" and all(c["count"] is not None for c in s["cells"]) else None
