@@ -91,28 +91,32 @@ def _numbers(value) -> list[float]:
     return out
 
 
-def is_right(exercise: str, answer) -> bool:
-    """Whether ``answer`` is the exercise's answer (within its tolerance); prints nothing."""
+def _compare(exercise: str, answer) -> tuple[list[float], list[float], float]:
+    """(expected, given, relative tolerance) as numbers; a clear error for an unknown exercise or bad input."""
     if exercise not in EXERCISES:
         raise LabError("selfcheck_unknown", exercise=str(exercise)[:20], known=", ".join(EXERCISES))
     expected, tol = EXERCISES[exercise]
-    want, got = _numbers(expected()), _numbers(answer)
-    if len(want) != len(got):
-        return False
-    return all(abs(g - w) <= tol * abs(w) + 1e-9 for g, w in zip(got, want))
+    return _numbers(expected()), _numbers(answer), tol
+
+
+def _right(want: list[float], got: list[float], tol: float) -> bool:
+    return len(want) == len(got) and all(abs(g - w) <= tol * abs(w) + 1e-9 for g, w in zip(got, want))
+
+
+def is_right(exercise: str, answer) -> bool:
+    """Whether ``answer`` is the exercise's answer (within its tolerance); prints nothing."""
+    return _right(*_compare(exercise, answer))
 
 
 def check(exercise: str, answer, lang: str | None = None) -> bool:
     """Print whether ``answer`` is right for lesson exercise ``exercise`` ("LL.N"), never the answer."""
-    expected, _ = EXERCISES.get(exercise, (None, 0.0))
-    ok = is_right(exercise, answer)
+    want, got, tol = _compare(exercise, answer)
+    ok = _right(want, got, tol)
     if ok:
         print(tr("selfcheck_right", lang, exercise=exercise))
+    elif len(want) != len(got):
+        print(tr("selfcheck_count", lang, exercise=exercise, n=len(want), got=len(got)))
     else:
-        want, got = _numbers(expected()), _numbers(answer)
-        if len(want) != len(got):
-            print(tr("selfcheck_count", lang, exercise=exercise, n=len(want), got=len(got)))
-        else:
-            side = "selfcheck_high" if any(g > w for g, w in zip(got, want)) else "selfcheck_low"
-            print(tr("selfcheck_wrong", lang, exercise=exercise), tr(side, lang))
+        side = "selfcheck_high" if any(g > w for g, w in zip(got, want)) else "selfcheck_low"
+        print(tr("selfcheck_wrong", lang, exercise=exercise), tr(side, lang))
     return ok

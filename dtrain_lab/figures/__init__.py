@@ -95,14 +95,29 @@ class styled:
         return self._ctx.__exit__(*exc)
 
 
-def svg(name: str, inputs: dict, lang: str | None = None) -> str:
-    """The SVG text of figure ``name``: the same bytes for the same inputs and language, anywhere."""
+def _drawn(name: str, inputs: dict, lang: str | None, formats: tuple[str, ...]) -> dict[str, str]:
+    """Figure ``name`` drawn once and saved in each of ``formats`` ("svg": its text; "png": base64)."""
+    import base64
+
     lang = lang or get_lang()
+    out = {}
     with styled():
         fig = render(name, inputs, lang)
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-    return buf.getvalue()
+        for fmt in formats:        # the SVG first: it is the reference, saved from a fresh drawing
+            if fmt == "svg":
+                buf = io.StringIO()
+                fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+                out[fmt] = buf.getvalue()
+            else:
+                raw = io.BytesIO()
+                fig.savefig(raw, format="png", dpi=100, metadata={"Software": None})
+                out[fmt] = base64.b64encode(raw.getvalue()).decode()
+    return out
+
+
+def svg(name: str, inputs: dict, lang: str | None = None) -> str:
+    """The SVG text of figure ``name``: the same bytes for the same inputs and language, anywhere."""
+    return _drawn(name, inputs, lang, ("svg",))["svg"]
 
 
 def title(name: str, inputs: dict, lang: str | None = None) -> str:
@@ -117,20 +132,13 @@ def png(name: str, inputs: dict, lang: str | None = None) -> str:
     notebook's stored outputs are untrusted: without this copy a learner opening a lesson would see
     only the figure's one-line title. GitHub and nbviewer show the SVG. The SVG is the reference
     (``tests/test_figures.py`` compares it); this copy is drawn from the same inputs."""
-    import base64
-
-    lang = lang or get_lang()
-    with styled():
-        fig = render(name, inputs, lang)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
-    return base64.b64encode(buf.getvalue()).decode()
+    return _drawn(name, inputs, lang, ("png",))["png"]
 
 
 def bundle(name: str, inputs: dict, lang: str | None = None) -> dict:
     """The output's data: SVG, its PNG copy and the one-line title."""
-    return {"image/svg+xml": svg(name, inputs, lang), "image/png": png(name, inputs, lang),
-            "text/plain": title(name, inputs, lang)}
+    drawn = _drawn(name, inputs, lang, ("svg", "png"))
+    return {"image/svg+xml": drawn["svg"], "image/png": drawn["png"], "text/plain": title(name, inputs, lang)}
 
 
 def show(name: str, inputs: dict) -> None:
