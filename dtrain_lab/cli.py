@@ -6,6 +6,7 @@
     dtrain-lab grade lab10.rank_branch my_fix.py     # grade one file; or a lab notebook, or a folder
     dtrain-lab grade --list | --json | --gradescope results.json
     dtrain-lab grade submissions/ -j 2 [--lab 10]    # a class: results.json + gradebook.csv, every file a row
+    dtrain-lab grade submissions/ --slurm --wait     # the same as a SLURM job array (--status: progress)
     dtrain-lab autograder build lab10 --out lab10.zip  # Gradescope: setup.sh + run_autograder + the course wheel
     dtrain-lab nccl lint [--file .env] | nccl doctor # NCCL/PyTorch variables; this machine's set-up
     dtrain-lab doctor [--json]                       # the same as ``nccl doctor``
@@ -60,6 +61,8 @@ def _grading(cmd: str, argv: list[str]) -> int:
     rest = argv[i + 1:]
     if cmd == "autograder":
         from dtrain_lab.grading.autograder import main as run_main
+    elif "--slurm" in rest or "--status" in rest:
+        from dtrain_lab.grading.slurm import main as run_main
     elif any(a in ("-j", "--jobs") or a.startswith(("-j", "--jobs=")) for a in rest) or \
             any(os.path.isdir(a) for a in rest if not a.startswith("-")):
         from dtrain_lab.grading.classrun import main as run_main

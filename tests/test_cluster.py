@@ -67,7 +67,12 @@ def test_slurm_script_runs_with_stand_ins(job, tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stubs = {
-        "scontrol": '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && [ "$3" = "gpu-[07-09]" ] || exit 9\n'
+        # `show node NAME`: SLURM's record of a node; NodeAddr is where SLURM reaches it (a node's name
+        # need not resolve), the address the script gives torchrun
+        "scontrol": '#!/bin/bash\nif [ "$1 $2 $3" = "show node gpu-07" ]; then\n'
+                    '  echo "NodeName=gpu-07 Arch=x86_64 CoresPerSocket=16"\n'
+                    '  echo "   NodeAddr=10.1.0.7 NodeHostName=gpu-07 Version=22.05.8"\n  exit 0\nfi\n'
+                    '[ "$1 $2" = "show hostnames" ] && [ "$3" = "gpu-[07-09]" ] || exit 9\n'
                     'printf "gpu-07\\ngpu-08\\ngpu-09\\n"\nfor i in $(seq 1 2000); do echo "gpu-x$i"; done\n',
         "srun": '#!/bin/bash\necho "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME"\nprintf "ARG %s\\n" "$@"\n',
     }
@@ -86,7 +91,7 @@ def test_slurm_script_runs_with_stand_ins(job, tmp_path):
     argv = [ln[4:] for ln in lines if ln.startswith("ARG ")]
     assert argv[0] == "--kill-on-bad-exit=1"
     a = torchrun_args(argv[1:])
-    check_torchrun(a, "gpu-07:29500")                      # the first node of the allocation
+    check_torchrun(a, "10.1.0.7:29500")                    # the first node of the allocation, by its NodeAddr
     assert a.rdzv_id == "4242"
 
 

@@ -9,13 +9,24 @@ Run on two machines (or two terminals of one machine, see ``dtrain_lab.jobs.clus
 Each rank reports its global rank, local rank, group rank (which node), the world sizes, the
 torchelastic variables torchrun set, an all-reduce, and the parameters after one DDP step compared
 with the same step taken by one process on the whole (all ranks') batch.
+
+Two failures, for a scheduler's handling of them (the SLURM job of lesson 12, ``tests/test_slurm_job.py``):
+
+* ``--fail-once RANK``: in the job's first attempt (``TORCHELASTIC_RESTART_COUNT`` 0), global rank
+  ``RANK`` kills itself (SIGKILL) after the all-reduce. Within ``--max-restarts`` torchrun restarts
+  every worker and the job ends well; with ``--max-restarts 0`` the job fails.
+* ``--kill-agent NODE``: the worker of node (group rank) ``NODE`` with local rank 0 kills its torchrun
+  agent (SIGKILL), then exits: the scheduler's task on that node is gone, not just a worker.
 """
+import argparse
 import base64
 import datetime
 import gc
 import os
 import pickle
+import signal
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -105,13 +116,29 @@ def rendezvous_node() -> tuple[str, int, int] | None:
     return None if node is None else (node.addr, node.pid, node.local_id)
 
 
+def _args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="dtrain_lab.demos.multinode_check")
+    ap.add_argument("--fail-once", type=int, metavar="RANK", help="this global rank kills itself in attempt 0")
+    ap.add_argument("--kill-agent", type=int, metavar="NODE", help="this node's local rank 0 kills its agent")
+    return ap.parse_args(argv)
+
+
 def main() -> None:
+    args = _args(sys.argv[1:])
     rt = runtime.current()
     env = {k: os.environ.get(k) for k in ENV_VARS}
 
     # 1. an all-reduce: every rank contributes rank + 1
     x = torch.tensor([float(rt.rank + 1)], device=rt.device)
     dist.all_reduce(x)
+    attempt = int(env["TORCHELASTIC_RESTART_COUNT"] or 0)
+    if args.fail_once == rt.rank and attempt == 0:
+        print(f"rank {rt.rank}: killing myself (attempt {attempt})", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if args.kill_agent is not None and int(env["GROUP_RANK"] or -1) == args.kill_agent and rt.local_rank == 0:
+        print(f"rank {rt.rank}: killing the torchrun agent of node {args.kill_agent}", flush=True)
+        os.kill(os.getppid(), signal.SIGKILL)
+        os._exit(1)
 
     # 2. who is where: every rank's (host, group rank, local rank, pid, agent pid, agent's rendezvous
     #    key), gathered everywhere; the key is what the rendezvous sorted to number the nodes
@@ -145,7 +172,7 @@ def main() -> None:
 
     print(f"rank {rt.rank}/{rt.world_size} local_rank {rt.local_rank} node(group_rank) {env['GROUP_RANK']}"
           f"/{env['GROUP_WORLD_SIZE']} master {env['MASTER_ADDR']}:{env['MASTER_PORT']} "
-          f"all_reduce={x.item():g} ddp_vs_single={float((after - _flat(ref)).abs().max()):.2e}")
+          f"attempt {attempt} all_reduce={x.item():g} ddp_vs_single={float((after - _flat(ref)).abs().max()):.2e}")
     runtime.report(rank=rt.rank, local_rank=rt.local_rank, world_size=rt.world_size,
                    local_world_size=rt.local_world_size, group_rank=me[1], env=env, backend=rt.backend,
                    all_reduce_sum=x.item(), everyone=[list(e) for e in everyone],

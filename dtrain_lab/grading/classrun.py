@@ -235,8 +235,18 @@ def run_class(folder: str | os.PathLike, *, jobs: int = 2, lang: str | None = No
         interrupted = _run_workers([i for i in items if i.kind != "error" and i.exercises], jobs, lang, quiet)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return results(items, folder=str(folder), lab=lab, lang=lang, jobs=jobs, elapsed=time.monotonic() - t0,
+                   interrupted=interrupted)
+
+
+def results(items: list[Item], *, folder: str, lab: str | None, lang: str, jobs, elapsed: float,
+            interrupted: bool) -> dict:
+    """The class's results from its items' rows (error rows where a file could not be graded or was not
+    reached), in the format of ``results.json``: the same for ``-j N`` and for a SLURM array."""
+    from dtrain_lab.grading import registry
+
     for item in items:
-        if item.kind == "error":
+        if item.kind == "error" and not item.rows:
             key, fields = item.error
             item.rows = [error_row(key, lang, **fields)]
         elif not item.rows:   # interrupted before it was graded
@@ -248,8 +258,8 @@ def run_class(folder: str | os.PathLike, *, jobs: int = 2, lang: str | None = No
                                      title=e.title[lang], file=item.rel)
                           for e in registry.all_exercises() if e.lab == lab and e.id not in done and item.kind != "env"]
         item.rows.sort(key=lambda r: r["exercise"])
-    return {"format": FORMAT, "folder": str(folder), "lab": lab, "lang": lang, "jobs": jobs,
-            "elapsed": round(time.monotonic() - t0, 3), "interrupted": interrupted,
+    return {"format": FORMAT, "folder": folder, "lab": lab, "lang": lang, "jobs": jobs,
+            "elapsed": round(elapsed, 3), "interrupted": interrupted,
             "submissions": [{"student": i.student, "file": i.rel, "kind": i.kind, "elapsed": round(i.elapsed, 3),
                              "score": sum(r["score"] for r in i.rows), "max_score": sum(r["max_score"] for r in i.rows),
                              "verdicts": i.rows} for i in items]}
@@ -379,13 +389,10 @@ def worker(private: Path, verbose: bool = False) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``dtrain-lab grade FOLDER [-j N] [--lab LAB] [--out DIR] [--json] [--gradescope OUT]``."""
+def parse(argv: list[str]):
+    """``dtrain-lab grade FOLDER ...``'s options, checked: ``(args, folder, out, lang)``."""
     import argparse
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--worker"]:
-        return worker(Path(argv[1]), verbose="--verbose" in argv)
     ap = argparse.ArgumentParser(prog="dtrain-lab grade", description=tr("class_help"))
     ap.add_argument("folder")
     ap.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded at the same time (default 2)")
@@ -397,6 +404,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verbose", action="store_true", help="show every rank's output while grading")
     ap.add_argument("--no-sandbox", action="store_true",
                     help="run submissions without the OS sandbox (only for code you trust: your own)")
+    sl = ap.add_argument_group("SLURM", "grade as a SLURM job array (OUT must be on a file system every node sees)")
+    sl.add_argument("--slurm", action="store_true", help="submit one array task per submission (or per --chunk)")
+    sl.add_argument("--partition", help="SLURM partition for the array and the merge job")
+    sl.add_argument("--max-concurrent", type=int, help="at most this many array tasks at once (--array=...%%K)")
+    sl.add_argument("--chunk", type=int, default=1, help="submissions per array task (default 1)")
+    sl.add_argument("--wait", action="store_true", help="wait for the merge, showing progress")
+    sl.add_argument("--status", action="store_true", help="show progress of the last --slurm run and exit")
     args = ap.parse_args(argv)
     lang = args.lang or get_lang()
     folder = Path(args.folder)
@@ -407,6 +421,18 @@ def main(argv: list[str] | None = None) -> int:
         raise LabError("class_out_inside", out=str(out), folder=str(folder))
     if args.jobs < 1:
         raise LabError("class_bad_jobs", jobs=args.jobs)
+    return args, folder, out, lang
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``dtrain-lab grade FOLDER [-j N] [--lab LAB] [--out DIR] [--json] [--gradescope OUT]`` (``--slurm``:
+    :mod:`dtrain_lab.grading.slurm`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        return worker(Path(argv[1]), verbose="--verbose" in argv)
+    args, folder, out, lang = parse(argv)
+    if args.slurm or args.status:
+        raise LabError("slurm_use_cli")   # dtrain_lab.cli hands --slurm to dtrain_lab.grading.slurm
     if args.gradescope:
         n = sum(1 for item in scan(folder, lang, lab_of(args.lab)) if item.kind != "error")
         if n != 1:

@@ -26,7 +26,7 @@ OUTPUT_LIMIT = 64 * 1024            # Gradescope: bytes of UTF-8 per test output
 def error_row(key: str, lang: str, *, exercise: str = "", max_score: int = 0, **fields) -> dict:
     """A verdict (as a dict) for what could not be graded, the reason in both languages in details."""
     return {"exercise": exercise, "passed": False, "score": 0.0, "max_score": max_score, "outcome": "error",
-            "feedback": tr(key, lang, **fields), "lang": lang, "details": {"reason": rendered(key, **fields)},
+            "feedback": tr(key, lang, **fields), "lang": lang, "details": {"reason": rendered(key, **fields), "key": key},
             "elapsed": 0.0}
 
 

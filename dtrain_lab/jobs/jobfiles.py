@@ -201,7 +201,8 @@ class ClusterJob:
     def slurm(self) -> str:
         """An ``sbatch`` script: one task per node, each running one torchrun agent.
 
-        The rendezvous host is the first node of the allocation; every node gets the same
+        The rendezvous host is the first node of the allocation (its address: a SLURM node name need
+        not be a host name); every node gets the same
         ``--rdzv-endpoint`` and ``--rdzv-id=$SLURM_JOB_ID``; the node rank comes from the c10d
         rendezvous (``$SLURM_NODEID`` would only be needed with ``--rdzv-backend=static``).
         ``/dev/shm`` on SLURM is the node's own (no per-job size to set here).
@@ -225,10 +226,12 @@ class ClusterJob:
                   "# the first node hosts the rendezvous; sed reads all of scontrol's output (with pipefail,",
                   "# `| head -n1` can end the script: scontrol may get SIGPIPE once head has exited)",
                   'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
+                  "# a SLURM node name need not be a host name: the address SLURM itself reaches it at",
+                  """head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')""",
                   f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{max(1, self.cpus // self.nproc)}}}"]
         for k, v in self.env.items():
             lines.append(f"export {k}={shlex.quote(v)}")
-        cmd = self.torchrun(f"$head_node:{self.rdzv_port}", "$SLURM_JOB_ID", nnodes="$SLURM_NNODES")
+        cmd = self.torchrun(f"$head_addr:{self.rdzv_port}", "$SLURM_JOB_ID", nnodes="$SLURM_NNODES")
         quoted = [c if "$" in c else shlex.quote(c) for c in cmd]
         quoted = [f'"{c}"' if "$" in c else c for c in quoted]
         lines.append("srun --kill-on-bad-exit=1 " + " ".join(quoted))
