@@ -3,6 +3,7 @@ Training Operator v1 (PyTorchJob) and a plain indexed Job; the same nodes, ranks
 shared memory and restarts in all four. The torchrun commands are parsed with torchrun's own
 argument parser; the SLURM script is run by bash with stand-ins for scontrol and srun.
 """
+import copy
 import os
 import shlex
 import stat
@@ -97,6 +98,8 @@ def test_slurm_script_runs_with_stand_ins(job, tmp_path):
 
 # ------------------------------------------------------------------------------------------ TrainJob
 def test_trainjob(job, monkeypatch):
+    # TrainJob is a CRD: kubernetes-validate has schemas for the built-in kinds only, so its fields are
+    # checked by hand here (see test_k8s_job_matches_the_kubernetes_schema)
     doc = yaml.safe_load(job.trainjob())
     assert doc["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and doc["kind"] == "TrainJob"
     assert doc["metadata"] == {"name": "lab-ddp", "namespace": "ml"}
@@ -119,6 +122,7 @@ def test_trainjob(job, monkeypatch):
 
 # ------------------------------------------------------------------------------------------ PyTorchJob
 def test_pytorchjob(job):
+    # PyTorchJob is a CRD: no schema in kubernetes-validate, so its fields are checked by hand
     text = job.pytorchjob()
     assert "&id" not in text and "*id" not in text       # Master and Worker written out in full
     doc = yaml.safe_load(text)
@@ -170,6 +174,49 @@ def test_indexed_job_and_headless_service(job):
     # pod 0 is "<job>-0", reachable as "<job>-0.<service>": it hosts the rendezvous
     host = f"{k8s_job['metadata']['name']}-0.{svc['metadata']['name']}"
     check_torchrun(torchrun_args(c["command"]), f"{host}:29500")
+
+
+# the newest Kubernetes release kubernetes-validate 1.37.0 ships schemas for, and an older one (1.30; upstream
+# support has ended, but clusters lag behind): the same file must be accepted by both
+K8S_VERSIONS = ("1.30", "1.37")
+
+
+@pytest.mark.parametrize("override", [{}, dict(env={}, gpus_per_node=0, nproc_per_node=2), dict(nnodes=1)],
+                         ids=["gpu", "cpu", "one-node"])
+def test_k8s_job_matches_the_kubernetes_schema(override):
+    """Every document of the plain Job file against the real Kubernetes OpenAPI schemas (offline).
+    strict=True: an unknown (e.g. misspelled) field fails, not just a missing or mistyped one.
+    The two CRDs (TrainJob, PyTorchJob) have no schema in kubernetes-validate: their tests check by hand."""
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed (pip install -e '.[dev]')")
+    from kubernetes_validate.utils import all_versions
+
+    assert all_versions()[-1] == "1.37.0"                 # the newest it ships is the one validated
+    docs = ClusterJob(**dict(PARAMS, **override)).k8s_job_dicts()
+    assert [d["kind"] for d in docs] == ["Service", "Job"]
+    for version in K8S_VERSIONS:
+        for doc in docs:
+            assert kv.validate(doc, version, strict=True) == version, (doc["kind"], version)
+    if override:
+        return
+    # the validator can fail: a misspelled field (top level and nested) and a wrong type
+    svc, k8s_job = docs
+    bad = copy.deepcopy(k8s_job)
+    bad["spec"]["completionMod"] = bad["spec"].pop("completionMode")
+    c = copy.deepcopy(k8s_job)
+    c["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = \
+        c["spec"]["template"]["spec"]["containers"][0].pop("volumeMounts")
+    typed = copy.deepcopy(svc)
+    typed["spec"]["ports"][0]["port"] = "29500"
+    for doc, needle in ((bad, "'completionMod' was unexpected"), (c, "'volumeMount' was unexpected"),
+                        (typed, "'29500' is not of type 'integer'")):
+        for version in K8S_VERSIONS:
+            with pytest.raises(kv.ValidationError) as e:
+                kv.validate(doc, version, strict=True)
+            assert needle in e.value.message, e.value.message
+    # and the CRDs are indeed outside its schemas
+    for doc in (ClusterJob(**PARAMS).trainjob_dict(), ClusterJob(**PARAMS).pytorchjob_dict()):
+        with pytest.raises(kv.SchemaNotFoundError):
+            kv.validate(doc, K8S_VERSIONS[-1], strict=True)
 
 
 def test_same_job_everywhere(job, monkeypatch):
