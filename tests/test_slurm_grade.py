@@ -68,7 +68,8 @@ def make_class(folder, marker):
     wrong = (ROOT / "tests" / "submissions" / "lab10" / "rank_branch_wrong.py").read_text()
     good = notebook(["%%writefile lab10_rank_branch.py\n" + PROGRAMS["rank_branch"]["solution"]])
     (folder / "alice.ipynb").write_text(good)
-    (folder / "bob.ipynb").write_text(notebook(["%%writefile lab10_rank_branch.py\n" + wrong]))
+    if not LAB11:   # a wrong answer that runs (with lab 11, a wrong .env file is the cheaper one)
+        (folder / "bob.ipynb").write_text(notebook(["%%writefile lab10_rank_branch.py\n" + wrong]))
     attack = ATTACK.format(targets=[str(folder / "alice.ipynb")], payload="{}", marker=marker)
     (folder / "mallory.ipynb").write_text(notebook(["%%writefile lab10_rank_branch.py\n" + attack]))
     (folder / "carol.ipynb").write_text('{"cells": [')                       # malformed: an error row
@@ -93,13 +94,14 @@ def test_array_grades_like_j2_and_a_run_again_keeps_every_row(slurm, tmp_path):
     t_slurm = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr + slurm.logs()
     assert "Traceback" not in r.stderr
-    assert "graded 0 of" in r.stderr and f"graded {5 if LAB11 else 3} of {5 if LAB11 else 3}" in r.stderr
+    assert "graded 0 of" in r.stderr and f"graded {4 if LAB11 else 3} of {4 if LAB11 else 3}" in r.stderr
     j2 = json.loads((tmp_path / "j2" / "results.json").read_text(encoding="utf-8"))
     sl = json.loads((tmp_path / "sl" / "results.json").read_text(encoding="utf-8"))
     assert sl["format"] == j2["format"] and sl["jobs"] == "slurm"
     assert comparable(sl) == comparable(j2)
     verdict = {s["student"]: s["verdicts"][0] for s in sl["submissions"]}
-    assert verdict["alice"]["outcome"] == "pass" and verdict["bob"]["outcome"] != "pass"
+    assert verdict["alice"]["outcome"] == "pass"
+    assert verdict["heidi_lab11_roce" if LAB11 else "bob"]["outcome"] != "pass"
     assert verdict["mallory"]["outcome"] != "pass" and verdict["carol"]["outcome"] == "error"
     assert [r["outcome"] for r in verdict.values()].count("pass") == (2 if LAB11 else 1)
     # the hostile submission's daemon did not outlive its task; alice's file is untouched
@@ -112,17 +114,18 @@ def test_array_grades_like_j2_and_a_run_again_keeps_every_row(slurm, tmp_path):
     # again, nothing changed: nothing is graded, the same rows, none twice
     again = grade(slurm, folder, "--slurm", "--wait", "--out", tmp_path / "sl")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "0 submission(s) to grade" in again.stdout and f"{5 if LAB11 else 3} kept" in again.stdout
+    assert "0 submission(s) to grade" in again.stdout and f"{4 if LAB11 else 3} kept" in again.stdout
     assert csv_rows(tmp_path / "sl") == first
     sl2 = json.loads((tmp_path / "sl" / "results.json").read_text(encoding="utf-8"))
     assert comparable(sl2) == comparable(sl)
-    # one file changed: only it is graded again
-    (folder / "bob.ipynb").write_text((folder / "alice.ipynb").read_text())
+    # one file changed (the wrong answer fixed): only it is graded again
+    fixed, source = ("heidi_lab11_roce.env", "grace_lab11_roce.env") if LAB11 else ("bob.ipynb", "alice.ipynb")
+    (folder / fixed).write_text((folder / source).read_text())
     third = grade(slurm, folder, "--slurm", "--wait", "--out", tmp_path / "sl")
     assert "1 submission(s) to grade" in third.stdout, third.stdout + third.stderr
     rows = csv_rows(tmp_path / "sl")
     assert len(rows) == len(first)
-    assert [r["outcome"] for r in rows if r["file"] == "bob.ipynb"] == ["pass"]
+    assert [r["outcome"] for r in rows if r["file"] == fixed] == ["pass"]
     print(f"class of {len(list(folder.iterdir()))} files: -j 2 {t_local:.1f} s, SLURM array {t_slurm:.1f} s")
 
 
@@ -171,6 +174,8 @@ def test_no_sbatch_and_an_unknown_partition_are_clear_errors(slurm, tmp_path):
         assert r.returncode != 0 and words in r.stderr and "debug" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "o" / "results.json").exists()
     # an existing partition is used for the array and the merge job
-    r = grade(slurm, folder, "--slurm", "--partition", "grading", "--wait", "--out", tmp_path / "o")
+    r = grade(slurm, folder, "--slurm", "--partition", "grading", "--sbatch=--comment=lab11", "--wait",
+              "--out", tmp_path / "o")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "#SBATCH --partition=grading" in (tmp_path / "o" / ".slurm" / "array-0.sbatch").read_text()
+    script = (tmp_path / "o" / ".slurm" / "array-0.sbatch").read_text()
+    assert "#SBATCH --partition=grading" in script and "#SBATCH --comment=lab11" in script

@@ -49,8 +49,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def submit(slurm: LocalSlurm, folder: Path, *program_args: str, max_restarts: int = 0, timeout: float = 120):
-    """Write the job with the course's CLI, sbatch it, wait until it leaves the queue: (state, output, seconds)."""
+def write_and_submit(slurm: LocalSlurm, folder: Path, *program_args: str, max_restarts: int = 0) -> tuple:
+    """Write the job with the course's CLI and sbatch it: (job id, folder, submitted at)."""
     folder.mkdir(parents=True, exist_ok=True)
     cmd = [str(BIN / "dtrain-lab"), "cluster", "slurm", "--name", "mn", "--nnodes", "2",
            "-m", "dtrain_lab.demos.multinode_check", "--cpus", "1", "--memory", "1Gi", "--shm-size", "256Mi",
@@ -62,10 +62,29 @@ def submit(slurm: LocalSlurm, folder: Path, *program_args: str, max_restarts: in
     t0 = time.monotonic()
     job_id = slurm.run("sbatch", "--parsable", "job.sbatch", cwd=folder,
                        env={"PATH": f"{BIN}:{slurm.env['PATH']}"}).stdout.strip().split(";")[0]
+    return job_id, folder, t0
+
+
+def finished(slurm: LocalSlurm, submitted: tuple, timeout: float = 180) -> tuple:
+    """Wait until the job leaves the queue: (scontrol's record, the job's output, seconds from sbatch)."""
+    job_id, folder, t0 = submitted
     state = slurm.wait_job(job_id, timeout=timeout)
     seconds = time.monotonic() - t0
     output = (folder / f"mn-{job_id}.out").read_text(errors="replace")
     return state, output, seconds
+
+
+CASES = {"plain": ((), 0), "restart": (("--fail-once", "1"), 1), "kill_agent": (("--kill-agent", "1"), 1)}
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm, tmp_path_factory):
+    """The three cases, submitted at once (each node has 2 CPUs, a job takes 1 on each: two run at a time).
+    (With ``--max-restarts 0`` the self-killed rank fails the job at once: torchrun's own behaviour, shown in
+    tests/test_elastic.py through the course's launcher.)"""
+    submitted = {name: write_and_submit(slurm, tmp_path_factory.mktemp(name), *args, max_restarts=mr)
+                 for name, (args, mr) in CASES.items()}
+    return {name: finished(slurm, sub) for name, sub in submitted.items()}
 
 
 def _ranks(output: str) -> dict:
@@ -74,8 +93,8 @@ def _ranks(output: str) -> dict:
             for m in RANK_LINE.finditer(output)}
 
 
-def test_two_node_job_runs_and_ranks_say_where_they_are(slurm, tmp_path):
-    state, output, seconds = submit(slurm, tmp_path)
+def test_two_node_job_runs_and_ranks_say_where_they_are(jobs):
+    state, output, seconds = jobs["plain"]
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", output[-3000:]
     assert state["NumNodes"] == "2" and state["NodeList"] == "n[1-2]"
     ranks = _ranks(output)
@@ -85,11 +104,11 @@ def test_two_node_job_runs_and_ranks_say_where_they_are(slurm, tmp_path):
     for v in ranks.values():
         assert v[4] == 3.0                 # the all-reduce crossed the nodes: 1 + 2
         assert v[5] < 1e-6                 # one DDP step equals one process on the whole batch
-    print(f"two-node SLURM job: {seconds:.1f} s from sbatch to the end of the job")
+    print(f"two-node SLURM job: {seconds:.1f} s from sbatch to the end of the job (run time {state['RunTime']})")
 
 
-def test_rank_killed_once_is_restarted_within_max_restarts(slurm, tmp_path):
-    state, output, _ = submit(slurm, tmp_path, "--fail-once", "1", max_restarts=1)
+def test_rank_killed_once_is_restarted_within_max_restarts(jobs):
+    state, output, _ = jobs["restart"]
     assert state["JobState"] == "COMPLETED", output[-3000:]
     assert "rank 1: killing myself (attempt 0)" in output
     ranks = _ranks(output)
@@ -97,24 +116,15 @@ def test_rank_killed_once_is_restarted_within_max_restarts(slurm, tmp_path):
     assert all(v[4] == 3.0 and v[5] < 1e-6 for v in ranks.values())
 
 
-def test_rank_killed_without_restarts_fails_the_job(slurm, tmp_path):
-    state, output, _ = submit(slurm, tmp_path, "--fail-once", "1", max_restarts=0)
-    assert state["JobState"] == "FAILED", output[-3000:]
-    assert "rank 1: killing myself (attempt 0)" in output
-    assert not _ranks(output)                         # no rank got to the end
-    assert "srun: error:" in output
-
-
-def test_task_killed_on_one_node_ends_the_job_on_both(slurm, tmp_path):
+def test_task_killed_on_one_node_ends_the_job_on_both(jobs):
     # node 1's torchrun agent (the srun task there) is SIGKILLed; max-restarts cannot help a dead agent
-    state, output, seconds = submit(slurm, tmp_path, "--kill-agent", "1", max_restarts=1, timeout=90)
+    state, output, seconds = jobs["kill_agent"]
     assert state["JobState"] == "FAILED", output[-3000:]
     assert "killing the torchrun agent of node 1" in output
     assert re.search(r"srun: (Force Terminated|.*Terminating) StepId=\d+\.\d+", output), output[-3000:]
     assert not _ranks(output)
-    # ended by SLURM, not by the job's 5-minute limit or the process group's timeout
-    assert seconds < 60, seconds
-    assert state["JobState"] != "TIMEOUT"
+    # ended by SLURM at once, not by the job's 5-minute limit or a collective's timeout (30 min on gloo)
+    assert state["JobState"] != "TIMEOUT" and state["RunTime"] < "00:01:00", state["RunTime"]
 
 
 def test_nothing_of_a_cluster_is_left_after_it_stops(tmp_path):

@@ -409,6 +409,8 @@ def parse(argv: list[str]):
     sl.add_argument("--partition", help="SLURM partition for the array and the merge job")
     sl.add_argument("--max-concurrent", type=int, help="at most this many array tasks at once (--array=...%%K)")
     sl.add_argument("--chunk", type=int, default=1, help="submissions per array task (default 1)")
+    sl.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                    help="one more sbatch option for the array tasks, e.g. --sbatch=--gpus-per-task=1 (repeatable)")
     sl.add_argument("--wait", action="store_true", help="wait for the merge, showing progress")
     sl.add_argument("--status", action="store_true", help="show progress of the last --slurm run and exit")
     args = ap.parse_args(argv)

@@ -128,7 +128,7 @@ def _item(entry: dict, state: Path) -> classrun.Item:
 # ------------------------------------------------------------------------------------------ submitting
 def submit(folder: str | os.PathLike, out: str | os.PathLike, *, lang: str, lab: str | None = None,
            partition: str | None = None, max_concurrent: int | None = None, chunk: int = 1,
-           sandbox: bool | None = None, python: str | None = None) -> dict:
+           sandbox: bool | None = None, python: str | None = None, sbatch: list[str] = ()) -> dict:
     """Prepare ``OUT/.slurm`` and submit the array and its merge job; returns the state document."""
     from dtrain_lab.grading import registry
 
@@ -137,6 +137,8 @@ def submit(folder: str | os.PathLike, out: str | os.PathLike, *, lang: str, lab:
         raise LabError("class_bad_jobs", jobs=chunk)
     if max_concurrent is not None and max_concurrent < 1:
         raise LabError("class_bad_jobs", jobs=max_concurrent)
+    if any("\n" in opt or "\r" in opt or not opt.startswith("-") for opt in sbatch):
+        raise LabError("slurm_submit_failed", why=f"--sbatch takes one option per use, each starting with '-': {list(sbatch)!r}"[:400])
     check_slurm(partition)
     lab = classrun.lab_of(lab)
     state = out / STATE
@@ -201,7 +203,8 @@ def submit(folder: str | os.PathLike, out: str | os.PathLike, *, lang: str, lab:
             "#SBATCH --cpus-per-task=2",
             f"#SBATCH --time={math.ceil(seconds / 60) + 2}",
             f"#SBATCH --output={logs}/%A_%a.out",
-            *( [f"#SBATCH --partition={partition}"] if partition else []),
+            *([f"#SBATCH --partition={partition}"] if partition else []),
+            *(f"#SBATCH {opt}" for opt in sbatch),
             "# Written by `dtrain-lab grade FOLDER --slurm`: one task grades one line of the batch file.",
             f"exec {shlex.quote(py)} -m dtrain_lab.grading.slurm task {shlex.quote(str(state))} {shlex.quote(batch.name)}",
         ]) + "\n"
@@ -254,7 +257,9 @@ def task(state: Path, batch: str) -> int:
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
     classrun._run_workers(list(items), 1, lang, quiet=True)   # (it takes items off the list it is given)
     for item in items:
-        retry = any(r.get("outcome") == "error" and r.get("details", {}).get("key") in RETRY_KEYS for r in item.rows)
+        # the grading failed, or this node could not build the sandbox: not the submission's doing
+        retry = any(r.get("outcome") == "error" and (r.get("details", {}).get("key") in RETRY_KEYS
+                                                     or r.get("details", {}).get("refused")) for r in item.rows)
         write_atomic(item.private / "rows.json", json.dumps({"rows": item.rows, "elapsed": round(item.elapsed, 3),
                                                              "retry": retry}, ensure_ascii=False))
         print(f"{item.rel}: {sum(r['score'] for r in item.rows):g}/{sum(r['max_score'] for r in item.rows):g}",
@@ -348,7 +353,7 @@ def cli(argv: list[str]) -> int:
             print(tr("slurm_merged", lang, json=str(out / "results.json"), csv=str(out / "gradebook.csv")))
         return 0
     doc = submit(folder, out, lang=lang, lab=args.lab, partition=args.partition,
-                       max_concurrent=args.max_concurrent, chunk=args.chunk,
+                       max_concurrent=args.max_concurrent, chunk=args.chunk, sbatch=args.sbatch,
                        sandbox=False if args.no_sandbox else None)
     last = doc["submits"][-1]
     print(tr("slurm_submitted", lang, todo=len(last["todo"]), kept=last["kept"], tasks=last.get("tasks", 0),

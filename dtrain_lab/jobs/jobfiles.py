@@ -228,6 +228,7 @@ class ClusterJob:
                   'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
                   "# a SLURM node name need not be a host name: the address SLURM itself reaches it at",
                   """head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')""",
+                  '[ -n "$head_addr" ] || { echo "no NodeAddr for node $head_node in scontrol show node" >&2; exit 1; }',
                   f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{max(1, self.cpus // self.nproc)}}}"]
         for k, v in self.env.items():
             lines.append(f"export {k}={shlex.quote(v)}")
