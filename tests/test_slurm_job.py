@@ -135,7 +135,7 @@ def test_nothing_of_a_cluster_is_left_after_it_stops(tmp_path):
         started = time.monotonic() - t0
         pids = cluster.pids()
         assert len(pids) == 4                                 # munged, slurmctld, two slurmd
-        job = cluster.run("sbatch", "--parsable", "--nodes=2", "--wrap", "srun sleep 300").stdout.strip()
+        job = cluster.run("sbatch", "--parsable", "--nodes=2", "--output=/dev/null", "--wrap", "srun sleep 300").stdout.strip()
         deadline = time.monotonic() + 30
         while cluster.job_state(job).get("JobState") != "RUNNING" and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -153,7 +153,7 @@ def test_a_cluster_whose_owner_is_killed_leaves_nothing(tmp_path):
     code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
             "from slurm_cluster import LocalSlurm\n"
             f"c = LocalSlurm({str(tmp_path / 'c')!r}).start()\n"
-            "c.run('sbatch', '--nodes=2', '--wrap', 'srun sleep 300')\n"
+            "c.run('sbatch', '--nodes=2', '--output=/dev/null', '--wrap', 'srun sleep 300')\n"
             "print(c.conf, flush=True)\n"
             "time.sleep(300)\n")
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -14,6 +14,9 @@
 #                  per rank) on the CPU
 #   caps-flipped   every capability probe forced to the answer this machine does not give (where it can
 #                  be forced): every notebook's stored output must come out the same
+#   slurm-job      lesson 12's sbatch file on a real local two-node SLURM cluster (tests/slurm_cluster.py):
+#                  ranks, restarts, --kill-on-bad-exit; a skip (no SLURM, not root) is a failure here
+#   slurm-array    dtrain-lab grade FOLDER --slurm on that cluster: the same rows as -j 2, re-runs, dead tasks
 #
 # Each leg prints its time. A leg that cannot run here (no root for the user legs, no system bwrap for
 # user-system) says so in one line and is not counted as passed.
@@ -21,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 WORKERS=${PYTEST_WORKERS:-3}
-ALL="sandbox-off root-bundled user-system user-bundled exec-start caps-flipped"
+ALL="sandbox-off root-bundled user-system user-bundled exec-start caps-flipped slurm-job slurm-array"
 LEGS=${*:-$ALL}
 SANITIZE=(--nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600)
 CONTRACT=(tests/test_sandbox.py tests/test_attacks.py tests/test_redteam.py tests/test_grading.py
@@ -97,6 +100,9 @@ for name in $LEGS; do
       echo "DTRAIN_CAPS=$flip"
       leg "$name" env DTRAIN_CAPS="$flip" "$PY" -m pytest -n "$WORKERS" --dist loadfile -q -p no:cacheprovider \
         lessons/zh lessons/en labs/zh labs/en solutions/zh solutions/en --nbval "${SANITIZE[@]}" ;;
+    slurm-job|slurm-array)
+      file=tests/test_slurm_job.py; [ "$name" = slurm-array ] && file=tests/test_slurm_grade.py
+      leg "$name" env DTRAIN_REQUIRE_SLURM=1 "$PY" -m pytest -q -p no:cacheprovider "$file" -rs ;;
     *)
       echo "unknown mode $name (known: $ALL)"; failed+=("$name") ;;
   esac
