@@ -96,6 +96,23 @@ def test_slurm_script_runs_with_stand_ins(job, tmp_path):
     assert a.rdzv_id == "4242"
 
 
+def test_slurm_script_stops_when_the_head_node_has_no_address(job, tmp_path):
+    """No NodeAddr in SLURM's record of the first node: the script fails before srun starts anything."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stubs = {"scontrol": '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && echo gpu-07 && exit 0\necho "NodeName=gpu-07"\n',
+             "srun": '#!/bin/bash\necho SRUN-STARTED\n'}
+    for name, body in stubs.items():
+        p = bin_dir / name
+        p.write_text(body)
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    script = tmp_path / "job.sbatch"
+    script.write_text(job.slurm())
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "gpu-07", "SLURM_NNODES": "1", "SLURM_JOB_ID": "1"}
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "SRUN-STARTED" not in out.stdout
+
+
 # ------------------------------------------------------------------------------------------ TrainJob
 def test_trainjob(job, monkeypatch):
     # TrainJob is a CRD: kubernetes-validate has schemas for the built-in kinds only, so its fields are
