@@ -173,6 +173,11 @@ def test_no_sbatch_and_an_unknown_partition_are_clear_errors(slurm, tmp_path):
         r = grade(slurm, folder, "--slurm", "--partition", "nope", "--out", tmp_path / "o", lang=lang)
         assert r.returncode != 0 and words in r.stderr and "debug" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "o" / "results.json").exists()
+    # results inside a folder every sandbox binds (here: the course package) would show the class's copies
+    inside = ROOT / "dtrain_lab" / f"grades-{uuid.uuid4().hex}"
+    r = grade(slurm, folder, "--slurm", "--out", inside)
+    assert r.returncode != 0 and "every submission's sandbox can read" in r.stderr, r.stderr
+    assert not inside.exists()
     # an existing partition is used for the array and the merge job
     r = grade(slurm, folder, "--slurm", "--partition", "grading", "--sbatch=--comment=lab11", "--wait",
               "--out", tmp_path / "o")

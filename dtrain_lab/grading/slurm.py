@@ -87,6 +87,19 @@ def task_state(job_id: str) -> str | None:
     return None
 
 
+def _not_in_the_sandbox(state: Path) -> None:
+    """The submissions' copies must lie where no sandbox sees them. ``-j N`` keeps them in a private
+    temporary folder; here they are under ``OUT``, which must therefore not lie inside a folder every
+    rank's sandbox binds read-only (Python, the environment, the package: ``bwrap._python_paths``)."""
+    from dtrain_lab.sandbox import bwrap
+
+    where = os.path.realpath(state)
+    for p in bwrap._python_paths():
+        real = os.path.realpath(p).rstrip("/") + "/"
+        if (where + "/").startswith(real):
+            raise LabError("slurm_out_visible", out=str(state.parent), inside=p)
+
+
 # ------------------------------------------------------------------------------------------ the state folder
 def _key(item: classrun.Item, data: bytes, sandbox) -> str:
     h = hashlib.sha256(data)
@@ -138,10 +151,12 @@ def submit(folder: str | os.PathLike, out: str | os.PathLike, *, lang: str, lab:
     if max_concurrent is not None and max_concurrent < 1:
         raise LabError("class_bad_jobs", jobs=max_concurrent)
     if any("\n" in opt or "\r" in opt or not opt.startswith("-") for opt in sbatch):
-        raise LabError("slurm_submit_failed", why=f"--sbatch takes one option per use, each starting with '-': {list(sbatch)!r}"[:400])
+        why = f"--sbatch takes one option per use, each starting with '-': {list(sbatch)!r}"
+        raise LabError("slurm_submit_failed", why=why[:400])
     check_slurm(partition)
     lab = classrun.lab_of(lab)
     state = out / STATE
+    _not_in_the_sandbox(state)
     state.mkdir(parents=True, exist_ok=True)
     os.chmod(state, 0o700)
     previous = _load(state)
