@@ -63,10 +63,22 @@ def test_slurm_directives(job):
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p' in text
 
 
-def test_slurm_script_runs_with_stand_ins(job, tmp_path):
-    """bash runs the script; scontrol/srun are stand-ins that print what they were given."""
+def run_with_stand_ins(job, tmp_path, stubs: dict, env: dict) -> subprocess.CompletedProcess:
+    """bash runs the job's SLURM script with ``stubs`` (name -> bash script) first on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    for name, body in stubs.items():
+        p = bin_dir / name
+        p.write_text(body)
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    script = tmp_path / "job.sbatch"
+    script.write_text(job.slurm())
+    return subprocess.run(["bash", str(script)], env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env}, capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_slurm_script_runs_with_stand_ins(job, tmp_path):
+    """bash runs the script; scontrol/srun are stand-ins that print what they were given."""
     stubs = {
         # `show node NAME`: SLURM's record of a node; NodeAddr is where SLURM reaches it (a node's name
         # need not resolve), the address the script gives torchrun
@@ -77,15 +89,8 @@ def test_slurm_script_runs_with_stand_ins(job, tmp_path):
                     'printf "gpu-07\\ngpu-08\\ngpu-09\\n"\nfor i in $(seq 1 2000); do echo "gpu-x$i"; done\n',
         "srun": '#!/bin/bash\necho "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME"\nprintf "ARG %s\\n" "$@"\n',
     }
-    for name, body in stubs.items():
-        p = bin_dir / name
-        p.write_text(body)
-        p.chmod(p.stat().st_mode | stat.S_IEXEC)
-    script = tmp_path / "job.sbatch"
-    script.write_text(job.slurm())
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "gpu-[07-09]", "SLURM_NNODES": "3",
-           "SLURM_JOB_ID": "4242"}
-    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    out = run_with_stand_ins(job, tmp_path, stubs,
+                             {"SLURM_JOB_NODELIST": "gpu-[07-09]", "SLURM_NNODES": "3", "SLURM_JOB_ID": "4242"})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "NCCL_SOCKET_IFNAME=eth0"
@@ -98,18 +103,9 @@ def test_slurm_script_runs_with_stand_ins(job, tmp_path):
 
 def test_slurm_script_stops_when_the_head_node_has_no_address(job, tmp_path):
     """No NodeAddr in SLURM's record of the first node: the script fails before srun starts anything."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     stubs = {"scontrol": '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && echo gpu-07 && exit 0\necho "NodeName=gpu-07"\n',
              "srun": '#!/bin/bash\necho SRUN-STARTED\n'}
-    for name, body in stubs.items():
-        p = bin_dir / name
-        p.write_text(body)
-        p.chmod(p.stat().st_mode | stat.S_IEXEC)
-    script = tmp_path / "job.sbatch"
-    script.write_text(job.slurm())
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "gpu-07", "SLURM_NNODES": "1", "SLURM_JOB_ID": "1"}
-    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    out = run_with_stand_ins(job, tmp_path, stubs, {"SLURM_JOB_NODELIST": "gpu-07", "SLURM_NNODES": "1", "SLURM_JOB_ID": "1"})
     assert out.returncode != 0 and "SRUN-STARTED" not in out.stdout
 
 
