@@ -9,6 +9,7 @@ part that takes that keyword. Each part reports its result under its own name, s
 ``LaunchResult.metrics[rank]["topk_by_hand"]`` holds what that rank saw. The training task is the one
 of :func:`dtrain_lab.demos.compression_run.train_with_compression` (``MLP(16, 64, 4)``, synthetic regression).
 """
+import gc
 import inspect
 import sys
 
@@ -97,14 +98,26 @@ def _train(hook, state, steps: int, *, bucket_cap_mb: float = 25.0, lr: float = 
     x_all, y_all = data.tensors
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
-    for step in range(steps):
-        x, y = shard(global_batch(data, step, per_rank_batch * world), rank, world)
-        opt.zero_grad(set_to_none=True)
-        F.mse_loss(net(x), y).backward()
-        opt.step()
-        with torch.no_grad():
-            losses.append(float(F.mse_loss(model(x_all), y_all)))
-    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    # PyTorch's powerSGD_hook runs Python callbacks on gloo's worker threads (Future.then). Python's
+    # cyclic garbage collector runs on whichever thread allocates, so it could destroy an earlier DDP
+    # there, and a C++ object that joins that very thread aborts the rank ("Resource deadlock
+    # avoided", seen twice under load). The collector is off while the hook trains, and what it finds
+    # is collected here, on the main thread.
+    gc.disable()
+    try:
+        for step in range(steps):
+            x, y = shard(global_batch(data, step, per_rank_batch * world), rank, world)
+            opt.zero_grad(set_to_none=True)
+            F.mse_loss(net(x), y).backward()
+            opt.step()
+            with torch.no_grad():
+                losses.append(float(F.mse_loss(model(x_all), y_all)))
+        params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        dist.barrier()                        # every rank's last bucket is done before DDP goes
+        del net, opt
+    finally:
+        gc.enable()
+    gc.collect()
     return {"loss": losses, "params": params, "buckets": len(buckets)}
 
 
