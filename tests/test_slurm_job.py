@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import LocalSlurm, leftovers, unavailable
+from slurm_cluster import LocalSlurm, _free_ports, leftovers, unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -41,20 +41,12 @@ def slurm(tmp_path_factory):
         yield cluster
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_and_submit(slurm: LocalSlurm, folder: Path, *program_args: str, max_restarts: int = 0) -> tuple:
     """Write the job with the course's CLI and sbatch it: (job id, folder, submitted at)."""
     folder.mkdir(parents=True, exist_ok=True)
     cmd = [str(BIN / "dtrain-lab"), "cluster", "slurm", "--name", "mn", "--nnodes", "2",
            "-m", "dtrain_lab.demos.multinode_check", "--cpus", "1", "--memory", "1Gi", "--shm-size", "256Mi",
-           "--rdzv-port", str(_free_port()), "--max-restarts", str(max_restarts), "--time", "00:05:00",
+           "--rdzv-port", str(_free_ports(1)[0]), "--max-restarts", str(max_restarts), "--time", "00:05:00",
            "-o", str(folder / "job.sbatch"), "--", *program_args]
     subprocess.run(cmd, check=True, capture_output=True, timeout=60)
     script = (folder / "job.sbatch").read_text()

@@ -142,16 +142,20 @@ def scan(folder: Path, lang: str, lab: str | None = None) -> list[Item]:
 def _snapshot(items: list[Item], root: Path, sandbox: bool | None) -> None:
     """Copy every gradable file into its own private folder before anything runs."""
     for n, item in enumerate(items):
-        if item.kind == "error":
-            continue
-        private = root / f"s{n:05d}"
-        (private / "in").mkdir(parents=True, mode=0o700)
-        name = "submission.ipynb" if item.kind == "notebook" else Path(item.rel).name
-        (private / "in" / name).write_bytes(item.data)
-        item.data = None
-        job = {"kind": item.kind, "file": f"in/{name}", "rel": item.rel, "exercises": item.exercises, "sandbox": sandbox}
-        (private / "job.json").write_text(json.dumps(job))
-        item.private = private
+        if item.kind != "error":
+            copy_in(root / f"s{n:05d}", item, sandbox)
+
+
+def copy_in(private: Path, item: Item, sandbox: bool | None) -> None:
+    """One submission's private folder (mode 0700): its file under ``in/`` and the worker's ``job.json``."""
+    (private / "in").mkdir(parents=True, mode=0o700)
+    os.chmod(private, 0o700)
+    name = "submission.ipynb" if item.kind == "notebook" else Path(item.rel).name
+    (private / "in" / name).write_bytes(item.data)
+    item.data = None
+    job = {"kind": item.kind, "file": f"in/{name}", "rel": item.rel, "exercises": item.exercises, "sandbox": sandbox}
+    (private / "job.json").write_text(json.dumps(job))
+    item.private = private
 
 
 def budget(exercise_ids: list[str]) -> float:

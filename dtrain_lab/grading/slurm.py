@@ -245,16 +245,10 @@ def submit(folder: str | os.PathLike, out: str | os.PathLike, *, lang: str, lab:
 
 
 def _prepare(private: Path, item: classrun.Item, sandbox) -> None:
-    """A fresh private folder for one submission (as :func:`classrun._snapshot` makes it)."""
+    """A fresh private folder for one submission, as ``-j N`` makes it (:func:`classrun.copy_in`)."""
     if private.exists():
         shutil.rmtree(private)
-    (private / "in").mkdir(parents=True, mode=0o700)
-    os.chmod(private, 0o700)
-    name = "submission.ipynb" if item.kind == "notebook" else Path(item.rel).name
-    (private / "in" / name).write_bytes(item.data)
-    item.data = None
-    job = {"kind": item.kind, "file": f"in/{name}", "rel": item.rel, "exercises": item.exercises, "sandbox": sandbox}
-    (private / "job.json").write_text(json.dumps(job))
+    classrun.copy_in(private, item, sandbox)
 
 
 # ------------------------------------------------------------------------------------------ one array task
