@@ -2,6 +2,7 @@
 checks) and every one of them has a timeout (pytest-timeout; see pyproject.toml)."""
 import json
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -78,6 +79,61 @@ def _kernel_start_with_one_more_try() -> None:
 _kernel_start_with_one_more_try()
 
 
+ZYGOTE = Path(__file__).resolve().parent / "kernel_zygote.py"
+_zygote: dict = {}
+
+
+def _zygote_socket() -> str | None:
+    """This test process's kernel zygote (tests/kernel_zygote.py), started at its first notebook: the
+    path of its socket, or None where there is none (off, or it did not start)."""
+    if "socket" in _zygote:
+        return _zygote["socket"]
+    _zygote["socket"] = None
+    if os.environ.get("DTRAIN_TEST_KERNEL_ZYGOTE", "1").strip() == "0" or not sys.platform.startswith("linux"):
+        return None
+    import select
+    import subprocess
+    import tempfile
+
+    import kernel_zygote
+
+    path = os.path.join(tempfile.mkdtemp(prefix="dtrain-kz-"), "s")
+    os.environ[kernel_zygote.ENV_SOCKET] = path   # before it starts: its environment is the kernels' own
+    proc = subprocess.Popen([sys.executable, str(ZYGOTE), "serve", path], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, cwd=str(ROOT))
+    ready, _, _ = select.select([proc.stdout], [], [], 120.0)
+    if not ready or proc.stdout.readline() != b"ready\n":
+        print("\nkernel zygote: did not start; notebook kernels start as fresh processes", flush=True)
+        proc.kill()
+        proc.wait()
+        del os.environ[kernel_zygote.ENV_SOCKET]
+        return None
+    _zygote["proc"] = proc   # it ends when its stdin closes: when this process ends
+    _zygote["socket"] = path
+    return path
+
+
+def _kernels_from_a_zygote() -> None:
+    """nbval's kernels (``--nbval-current-env``) start through tests/kernel_zygote.py's client."""
+    try:
+        import nbval.kernel as nbk
+    except ImportError:
+        return
+    plain = nbk.NbvalKernelspecManager.get_kernel_spec
+
+    def get_kernel_spec(self, kernel_name):
+        spec = plain(self, kernel_name)
+        if (kernel_name == nbk.CURRENT_ENV_KERNEL_NAME and spec.argv[1:3] == ["-m", "ipykernel_launcher"]
+                and _zygote_socket()):
+            spec.argv = [sys.executable, "-I", "-S", str(ZYGOTE), *spec.argv[3:]]
+        return spec
+
+    nbk.NbvalKernelspecManager.get_kernel_spec = get_kernel_spec
+
+
+_kernels_from_a_zygote()
+
+
 # Every test process is a child subreaper (dtrain_lab.sandbox.contain): a process that escapes its job's
 # tree (its init died before it) is re-parented here instead of to init, so the survivor checks below see
 # it, whatever its environment, process group or session says.
@@ -105,7 +161,9 @@ def _servers() -> set[int]:
     from dtrain_lab.jobs import agents
     from dtrain_lab.sandbox import supervisors
 
-    return set(agents.server_pids()) | ({supervisors.server_pid()} - {None})
+    zygote = _zygote.get("proc")
+    return (set(agents.server_pids()) | ({supervisors.server_pid()} - {None})
+            | ({zygote.pid} if zygote is not None and zygote.poll() is None else set()))
 
 
 def processes_with_tag(tag: str) -> list[psutil.Process]:

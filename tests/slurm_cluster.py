@@ -31,20 +31,46 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 # without stopping it (killed, os._exit), it kills every process of the cluster and of its jobs, then
 # removes the folder. A normal stop ends it first.
 JANITOR = r"""
-import os, shutil, signal, sys, time
-import psutil
+import os, shutil, sys, time
+sys.path.insert(0, sys.argv[4])
+from slurm_cluster import cluster_processes
 parent, conf, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 while os.getppid() == parent:
     time.sleep(0.5)
-for proc in psutil.process_iter(["pid", "cmdline", "environ"]):
+for proc in cluster_processes(conf):
     try:
-        if proc.pid != os.getpid() and (proc.info["environ"] or {}).get("SLURM_CONF") == conf \
-                or root in " ".join(proc.info["cmdline"] or []) and proc.pid != os.getpid():
-            proc.kill()
-    except psutil.Error:
+        proc.kill()
+    except Exception:
         pass
 shutil.rmtree(root, ignore_errors=True)
 """
+
+
+def cluster_processes(conf: str | os.PathLike) -> list[psutil.Process]:
+    """Every process of the cluster whose ``slurm.conf`` is ``conf`` (its daemons, its job steps and what
+    they run), but this one: ``SLURM_CONF`` in its environment, or the cluster's folder in its command line,
+    working folder or open files. ``slurmstepd`` writes its title (``slurmstepd: [1.0]``) over its command
+    line and environment, so only its open files (the node's log) tell whose it is."""
+    conf = str(conf)
+    root = str(Path(conf).parent)
+    inside = (root, root + os.sep)
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "environ", "cwd"]):
+        if proc.pid == os.getpid():
+            continue
+        info = proc.info
+        paths = [info["cwd"] or ""]
+        try:
+            fd_dir = f"/proc/{proc.pid}/fd"
+            paths += [os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)]
+        except OSError:
+            pass
+        if ((info["environ"] or {}).get("SLURM_CONF") == conf or root in " ".join(info["cmdline"] or [])
+                or any(p == root or p.startswith(inside[1]) for p in paths)):
+            found.append(proc)
+    return found
+
+
 PROGRAMS = DAEMONS + ("sbatch", "squeue", "sinfo", "scontrol", "srun", "scancel")
 NODES = ("n1", "n2")
 CPUS_PER_NODE = 2
@@ -160,7 +186,8 @@ class LocalSlurm:
     def start(self, timeout: float = 60.0) -> "LocalSlurm":
         t0 = time.monotonic()
         self._write_config()
-        self.janitor = subprocess.Popen([sys.executable, "-c", JANITOR, str(os.getpid()), str(self.conf), str(self.root)],
+        self.janitor = subprocess.Popen([sys.executable, "-c", JANITOR, str(os.getpid()), str(self.conf), str(self.root),
+                                         str(Path(__file__).resolve().parent)],
                                         stdin=subprocess.DEVNULL, start_new_session=True)
         m = self.root / "munge"
         self._daemon(_which("munged"), "--foreground", "--force", f"--socket={self.munge_socket}",
@@ -249,16 +276,16 @@ class LocalSlurm:
                 p.kill()
                 p.wait()
         # what the nodes ran (a job's step left behind by a killed slurmd) goes too
-        for proc in psutil.process_iter(["pid", "environ"]):
-            try:
-                env = proc.info["environ"] or {}
-            except psutil.Error:
-                continue
-            if env.get("SLURM_CONF") == str(self.conf) and proc.pid != os.getpid():
+        for _ in range(3):   # a step may still be starting
+            left = cluster_processes(self.conf)
+            for proc in left:
                 try:
                     proc.kill()
                 except psutil.Error:
                     pass
+            if not left:
+                break
+            time.sleep(0.2)
         if self.janitor is not None:
             self.janitor.kill()
             self.janitor.wait()
@@ -277,15 +304,13 @@ class LocalSlurm:
 
 
 def leftovers(conf: str | os.PathLike) -> list[psutil.Process]:
-    """SLURM or munge processes, or processes of its jobs, still running for the cluster of ``conf``."""
+    """SLURM or munge processes, or processes of its jobs, still running for the cluster of ``conf``
+    (:func:`cluster_processes`, without the zombies: ended, waiting for their parent)."""
     found = []
-    for proc in psutil.process_iter(["pid", "name", "cmdline", "environ"]):
+    for proc in cluster_processes(conf):
         try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-            env = proc.info["environ"] or {}
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
         except psutil.Error:
             continue
-        if str(conf) in cmd or env.get("SLURM_CONF") == str(conf) or str(Path(conf).parent) in cmd:
-            if proc.pid != os.getpid():
-                found.append(proc)
     return found

@@ -13,11 +13,9 @@ import uuid
 import psutil
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, _servers
 from dtrain_lab import authoring
 from dtrain_lab.grading import classrun, gradebook, intake, registry
-from dtrain_lab.sandbox import supervisors
-from dtrain_lab.jobs import agents
 
 BOM = b"\xef\xbb\xbf"
 CLI = [sys.executable, "-m", "dtrain_lab.cli"]
@@ -226,10 +224,11 @@ def test_a_worker_over_its_budget_is_stopped_and_reported(tmp_path, monkeypatch)
     results = classrun.run_class(folder, jobs=1, lang="en")
     (v,) = results["submissions"][0]["verdicts"]
     assert v["outcome"] == "error" and v["score"] == 0 and "did not finish" in v["feedback"], v
-    # this test worker's agent server (dtrain_lab.jobs.agents) and supervisor server (grading.supervisors),
-    # if a launch or a grade ran here before, are not the class run's
+    # this test worker's agent server (dtrain_lab.jobs.agents), supervisor server (grading.supervisors) and
+    # notebook kernel zygote (tests/kernel_zygote.py), if a launch, a grade or a notebook ran here before,
+    # are not the class run's
     # (a zombie has ended: this test process is a child subreaper, conftest, and adopts the grader's orphans)
-    servers = set(agents.server_pids()) | {supervisors.server_pid()}
+    servers = _servers()
     assert not [c for c in psutil.Process().children(recursive=True)
                 if c.pid not in servers and c.status() != psutil.STATUS_ZOMBIE]
 

@@ -124,13 +124,18 @@ class Client:
         self.replies: queue.Queue = queue.Queue()
         self.request_lock = threading.Lock()
         self.dead = False
-        self.proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = self._popen(argv, env)
         threading.Thread(target=self._read, daemon=True, name=name).start()
         self.ready = self._reply(start_timeout)
         if "ready" not in self.ready:
             self.close()
             raise OSError(f"{name} did not start: {self.ready}")
+
+    def _popen(self, argv: list[str], env: dict[str, str]):
+        """Start the server: a :class:`subprocess.Popen` (or an object with its ``pid``, ``stdin``,
+        ``stdout``, ``poll``, ``wait`` and ``kill``) whose stdin and stdout are pipes to this process."""
+        return subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
