@@ -108,8 +108,21 @@ def _zygote_socket() -> str | None:
         proc.wait()
         del os.environ[kernel_zygote.ENV_SOCKET]
         return None
-    _zygote["proc"] = proc   # it ends when its stdin closes: when this process ends
+    _zygote["proc"] = proc   # it ends when its stdin closes: when this process ends, or here
     _zygote["socket"] = path
+
+    def stop():
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+    import atexit
+
+    atexit.register(stop)
     return path
 
 

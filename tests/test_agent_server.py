@@ -52,14 +52,13 @@ def _opts(**kw) -> LaunchOptions:
     return LaunchOptions("dtrain_lab.demos.hello", 2, **kw)
 
 
-def test_served_only_where_the_environment_cannot_differ(monkeypatch):
+def test_served_where_a_forked_agent_runs_as_a_fresh_one(monkeypatch):
     monkeypatch.delenv("DTRAIN_AGENT_SERVER", raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
     assert agents.served(_opts(start="fork", env={"DTRAIN_X": "1"}))
-    # torch reads these when it is imported: a server started without them would not apply them
-    assert not agents.served(_opts(start="fork", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}))
-    assert not agents.served(_opts(start="fork", env={"TORCH_CPP_LOG_LEVEL": "INFO", "DTRAIN_X": "1"}))
-    assert not agents.served(_opts(start="fork", debug="DETAIL"))
+    # variables torch reads when it is imported: served by a server started with them (below)
+    assert agents.served(_opts(start="fork", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}))
+    assert agents.served(_opts(start="fork", debug="DETAIL"))
     assert not agents.served(_opts(start="exec"))     # GPUs: a fresh Python per rank, no fork at all
     assert not agents.served(_opts(start="fork", nnodes=2, node_rank=0, rdzv_endpoint="127.0.0.1:29400"))
     monkeypatch.setenv("DTRAIN_AGENT_SERVER", "0")
@@ -77,8 +76,18 @@ def test_a_changed_environment_gets_its_own_server(run, monkeypatch):
     assert first.metrics[0]["env"]["AGENT_PROBE_VAR"] is None
     assert all(m["env"]["AGENT_PROBE_VAR"] == "seen" for m in second.metrics.values())
     assert server in agents.server_pids() and len(agents.server_pids()) == 2
+    second_server = [p for p in agents.server_pids() if p != server][0]
+    # a third environment (debug=, which torch reads when it is imported): a server of its own, started with
+    # it, in the place of the one used longest ago (agents.MAX_SERVERS is 2; neither runs a launch)
+    third = run(PROBE, nproc=2, timeout=120, debug="DETAIL")
+    assert third.ok and (Path(third.log_dir) / "agent.log").is_file(), third.summary()
+    assert all(m["debug"] == "DebugLevel.DETAIL" for m in third.metrics.values())
+    assert all(m["debug"] == "DebugLevel.OFF" for m in (*first.metrics.values(), *second.metrics.values()))
+    assert len(agents.server_pids()) == 2 and second_server in agents.server_pids()
+    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE, \
+        "the server used longest ago was not closed"
     agents.shutdown()
-    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(second_server) or psutil.Process(second_server).status() == psutil.STATUS_ZOMBIE
 
 
 @pytest.mark.timeout(120)

@@ -7,12 +7,14 @@ the first ``torch.optim`` optimizer of every rank would import). The agent is th
 the same command line; only the process it was forked from differs.
 
 A launch uses a server only where that cannot change what the job does (:func:`served`): ranks
-forked from their agent (``start="fork"``, the CPU default), one node, and an environment that
-differs from the server's only in the course's own ``DTRAIN_*`` variables, which are read when the
-program runs. torch reads some variables when it is imported (``TORCH_DISTRIBUTED_DEBUG``, the C++
-log level, ``LOGLEVEL`` for torchrun's loggers): a launch that sets any other variable, or a process
-whose own environment changed since its server started, gets a server of its own (at most
-``MAX_SERVERS``), or else a fresh Python as before. ``DTRAIN_AGENT_SERVER=0`` turns servers off.
+forked from their agent (``start="fork"``, the CPU default) and one node. torch reads some variables
+once, when it is imported (``TORCH_DISTRIBUTED_DEBUG``, the C++ log level, ``LOGLEVEL`` for
+torchrun's loggers), so a server serves one environment: the launch's own, but for the course's
+``DTRAIN_*`` variables, which are read when the program runs. A launch whose environment differs
+(it sets a variable, or ``debug=``, or a notebook cell changed ``os.environ``) gets a server started
+with that environment. A process keeps at most ``MAX_SERVERS``: for a new one, the one used longest
+ago that runs no launch is closed; where every one is busy, the launch gets a fresh Python as
+before. ``DTRAIN_AGENT_SERVER=0`` turns servers off.
 
 A server belongs to the process that started it: it ends when that process ends (its stdin
 closes; running agents get ``SIGTERM``, as a fresh agent did from the kernel on the launcher's
@@ -23,6 +25,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 from dtrain_lab.sandbox.forkserve import Client, Served
@@ -38,14 +41,20 @@ class _Server(Client):
     def __init__(self, env: dict[str, str]):
         super().__init__([sys.executable, "-m", "dtrain_lab.jobs._agent_server"], env, "dtrain-agent-server",
                          START_TIMEOUT_S)
+        self.used = time.monotonic()
+        self.launched: set[int] = set()
+
+    def busy(self) -> bool:
+        """Whether a launch it forked still runs."""
+        with self.cond:
+            return bool(self.launched - set(self.codes))
 
 
 def served(opts) -> bool:
     """Whether a launch with these :class:`~dtrain_lab.jobs.options.LaunchOptions` may use a server."""
     if os.environ.get("DTRAIN_AGENT_SERVER", "1").strip() == "0" or not sys.platform.startswith("linux"):
         return False
-    return (opts.start == "fork" and opts.nnodes == 1 and not opts.debug
-            and all(str(k).startswith("DTRAIN_") for k in (opts.env or {})))
+    return opts.start == "fork" and opts.nnodes == 1
 
 
 def _key_env(env: dict[str, str]) -> dict[str, str]:
@@ -70,13 +79,19 @@ def start(cmd: list[str], env: dict[str, str], log: Path, report: Path) -> Serve
             for k, s in list(_servers.items()):
                 if not s.alive():
                     del _servers[k]
-            if len(_servers) >= MAX_SERVERS:
-                return None
+            if len(_servers) >= MAX_SERVERS:   # room for this environment's: the idle one used longest ago goes
+                idle = [k for k, s in _servers.items() if not s.busy()]
+                if not idle:
+                    return None
+                _servers.pop(min(idle, key=lambda k: _servers[k].used)).close()
             try:
                 server = _servers[key] = _Server(base)
             except OSError:
                 return None
-    pid = server.fork({"argv": cmd[3:], "env": env, "cwd": os.getcwd(), "log": str(log), "report": str(report)})
+        server.used = time.monotonic()
+        pid = server.fork({"argv": cmd[3:], "env": env, "cwd": os.getcwd(), "log": str(log), "report": str(report)})
+        if pid is not None:
+            server.launched.add(pid)
     return None if pid is None else Served(server, pid)
 
 

@@ -19,7 +19,7 @@ def main() -> None:
         env={k: os.environ.get(k) for k in ("DTRAIN_TEST_TAG", "DTRAIN_PROBE", "AGENT_PROBE_VAR", "OMP_NUM_THREADS", "RANK",
                                             "WORLD_SIZE", "TORCHELASTIC_RUN_ID")},
         job_id=bool(os.environ.get("DTRAIN_JOB_ID")), threads=torch.get_num_threads(),
-        seed=torch.initial_seed(), dynamo="torch._dynamo" in sys.modules)
+        seed=torch.initial_seed(), dynamo="torch._dynamo" in sys.modules, debug=str(dist.get_debug_level()))
 
 
 if __name__ == "__main__":
