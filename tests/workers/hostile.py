@@ -36,6 +36,7 @@ elif mode == "ends_with_a_thread":  # the program returns while a non-daemon thr
     import atexit
     import threading
 
+    dist.barrier()   # both ranks through init first (the reason is at the end of this file)
     dist.destroy_process_group()
     atexit.register(lambda: print("atexit ran", flush=True))
     threading.Thread(target=lambda: (time.sleep(0.5), print("thread finished", flush=True))).start()
