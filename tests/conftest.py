@@ -86,16 +86,21 @@ _zygote: dict = {}
 def _zygote_socket() -> str | None:
     """This test process's kernel zygote (tests/kernel_zygote.py), started at its first notebook: the
     path of its socket, or None where there is none (off, or it did not start)."""
+    import kernel_zygote
+
     if "socket" in _zygote:
-        return _zygote["socket"]
+        if _zygote["socket"] is None or kernel_zygote._own(os.environ) == _zygote["env"]:
+            return _zygote["socket"]
+        # this process's environment changed since its zygote started (a test set a variable, as
+        # dtrain_lab.parallel.deepspeed_lab does): kernels would start afresh, so a zygote for it
+        _zygote.pop("stop")()
+        _zygote.clear()
     _zygote["socket"] = None
     if os.environ.get("DTRAIN_TEST_KERNEL_ZYGOTE", "1").strip() == "0" or not sys.platform.startswith("linux"):
         return None
     import select
     import subprocess
     import tempfile
-
-    import kernel_zygote
 
     path = os.path.join(tempfile.mkdtemp(prefix="dtrain-kz-"), "s")
     os.environ[kernel_zygote.ENV_SOCKET] = path   # before it starts: its environment is the kernels' own
@@ -110,6 +115,7 @@ def _zygote_socket() -> str | None:
         return None
     _zygote["proc"] = proc   # it ends when its stdin closes: when this process ends, or here
     _zygote["socket"] = path
+    _zygote["env"] = kernel_zygote._own(os.environ)
 
     def stop():
         proc.stdin.close()
@@ -123,6 +129,7 @@ def _zygote_socket() -> str | None:
     import atexit
 
     atexit.register(stop)
+    _zygote["stop"] = stop
     return path
 
 

@@ -151,8 +151,10 @@ def test_a_task_that_dies_is_a_row_and_a_run_again_grades_it(slurm, tmp_path):
     assert rows["ann_lab11_roce"]["outcome"] == rows["ben_lab11_roce"]["outcome"] == "pass"
     died = rows["cat_lab11_roce"]
     assert died["outcome"] == "error" and died["score"] == 0
-    # cancelled while pending: SLURM keeps no record of that task, and the row says so
-    assert f"{array}_2" in died["feedback"] and "SLURM 已无记录" in died["feedback"], died["feedback"]
+    # cancelled while pending, SLURM keeps no record of that task; on a loaded machine it may have started
+    # already, and SLURM says CANCELLED: either way the row names the task and says so
+    fb = died["feedback"]
+    assert f"{array}_2" in fb and ("SLURM 已无记录" in fb or "CANCELLED" in fb), fb
     assert died["details"]["reason"]["en"] and died["details"]["reason"]["zh"]
     # again: only the one whose task died is graded; every student still has exactly one row
     again = grade(slurm, folder, "--slurm", "--wait", "--out", out)
