@@ -53,7 +53,6 @@ def cluster_processes(conf: str | os.PathLike) -> list[psutil.Process]:
     line and environment, so only its open files (the node's log) tell whose it is."""
     conf = str(conf)
     root = str(Path(conf).parent)
-    inside = (root, root + os.sep)
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "environ", "cwd"]):
         if proc.pid == os.getpid():
@@ -66,7 +65,7 @@ def cluster_processes(conf: str | os.PathLike) -> list[psutil.Process]:
         except OSError:
             pass
         if ((info["environ"] or {}).get("SLURM_CONF") == conf or root in " ".join(info["cmdline"] or [])
-                or any(p == root or p.startswith(inside[1]) for p in paths)):
+                or any(p == root or p.startswith(root + os.sep) for p in paths)):
             found.append(proc)
     return found
 
